@@ -1,0 +1,76 @@
+"""Atomic, non-destructive output.
+
+Results are written to a temporary sibling path and renamed into place, so an interrupted run never
+leaves a half-written model or report, and an existing output is never replaced unless the caller
+passes ``overwrite=True`` (the CLI's ``--overwrite``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from lmforge.common.errors import UserError
+
+
+def check_output_dir(out: str | Path, overwrite: bool) -> Path:
+    """Return ``out`` as a Path, or raise :class:`UserError` if it exists and ``overwrite`` is off."""
+    path = Path(out)
+    if path.exists() and not overwrite:
+        raise UserError(f"output '{path}' already exists; pass --overwrite to replace it")
+    return path
+
+
+@contextlib.contextmanager
+def atomic_dir(out: str | Path, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary directory that replaces ``out`` only when the block succeeds.
+
+    Args:
+        out: final directory.
+        overwrite: replace an existing ``out``; otherwise an existing ``out`` is a UserError.
+    """
+    final = check_output_dir(out, overwrite)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if final.exists():
+        # Move the old result aside first so that a failure mid-swap still leaves one of the two.
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.replace(final, old)
+        os.replace(tmp, final)
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
+    else:
+        os.replace(tmp, final)
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` via a temporary file and an atomic rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> Path:
+    """Write ``obj`` as indented JSON atomically."""
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
