@@ -1,0 +1,186 @@
+"""The ``lmforge`` command line (typer).
+
+Every command has ``--help``; commands that produce results take ``--json`` (JSON on stdout,
+progress on stderr). A user mistake prints one line ``error: ...`` and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from lmforge.common.errors import UserError
+
+app = typer.Typer(
+    name="lmforge",
+    help="Faithful, tested ICML 2025 LM methods on Hugging Face checkpoints, with CPU reproductions.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+zoo_app = typer.Typer(help="Tiny models trained here: list them, build them.", no_args_is_help=True)
+app.add_typer(zoo_app, name="zoo")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print results as JSON on stdout.")]
+
+
+def _emit_json(obj: Any) -> None:
+    typer.echo(json.dumps(obj, indent=2, default=str))
+
+
+@app.command("list")
+def list_methods(as_json: JsonOpt = False) -> None:
+    """List the method registry: name, family, paper (and status)."""
+    from lmforge.registry import load_all
+
+    methods = sorted(load_all().values(), key=lambda m: (m.family, m.name))
+    if as_json:
+        _emit_json([{"name": m.name, "family": m.family, "paper": m.paper, "status": m.status} for m in methods])
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("name", "family", "paper", "status")
+    for m in methods:
+        table.add_row(m.name, m.family, m.paper, m.status)
+    Console().print(table)
+
+
+@zoo_app.command("list")
+def zoo_list(as_json: JsonOpt = False) -> None:
+    """List the zoo's models, their size and whether they are built or shipped."""
+    from lmforge.models import zoo
+
+    rows = []
+    for spec in zoo.ZOO.values():
+        built = (zoo.cache_dir(spec) / "zoo.json").is_file()
+        shipped = zoo.packaged_dir(spec) is not None
+        rows.append({"name": spec.name, "description": spec.description, "hidden": spec.shape.hidden,
+                     "layers": spec.shape.layers, "steps": spec.train.steps, "digest": spec.digest(),
+                     "built": built, "shipped": shipped})
+    if as_json:
+        _emit_json(rows)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("name", "layers x hidden", "steps", "status", "description")
+    for r in rows:
+        status = "built" if r["built"] else "shipped" if r["shipped"] else "not built"
+        table.add_row(r["name"], f"{r['layers']} x {r['hidden']}", str(r["steps"]), status, r["description"])
+    Console().print(table)
+
+
+@zoo_app.command("build")
+def zoo_build(
+    name: Annotated[str, typer.Argument(help="Zoo model name (see `lmforge zoo list`).")],
+    out: Annotated[Path | None, typer.Option(help="Write here instead of the per-user cache.")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing output folder.")] = False,
+    steps: Annotated[int | None, typer.Option(help="Shorten the build to this many steps (a different model; for tests).")] = None,
+    no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the learnability evaluation.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Train a zoo model deterministically, evaluate it, save it (safetensors + tokenizer)."""
+    import dataclasses
+
+    from lmforge.models import zoo
+
+    spec = zoo.get_spec(name)
+    if steps is not None:
+        if steps < 1:
+            raise UserError("--steps must be at least 1")
+        spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, steps=steps))
+    target = out if out is not None else zoo.cache_dir(spec)
+    if target.exists() and not overwrite:
+        raise UserError(f"output '{target}' already exists; pass --overwrite to replace it")
+    from lmforge.common.progress import console
+
+    meta = zoo.build(spec, target, overwrite=overwrite, evaluate=not no_eval,
+                     log=lambda m: console.log(m))
+    meta["path"] = str(target)
+    if as_json:
+        _emit_json(meta)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("metric", "measured", "target")
+    targets = meta["targets"]
+    for key, value in meta["metrics"].items():
+        table.add_row(key, f"{value:.3f}", f"≥ {targets[key]:.2f}" if key in targets else "")
+    c = Console()
+    c.print(f"[bold]{spec.name}[/] ({meta['params']:,} parameters, {meta['train_seconds']:.0f} s) -> {target}")
+    c.print(table)
+
+
+@app.command("reproduce")
+def reproduce(
+    name: Annotated[str | None, typer.Argument(help="Reproduction name, or `all`.")] = None,
+    list_: Annotated[bool, typer.Option("--list", help="List the reproductions.")] = False,
+    out: Annotated[Path, typer.Option(help="Report folder.")] = Path("reports"),
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing report folder.")] = False,
+    quick: Annotated[bool, typer.Option(help="A shrunken run (what the tests use).")] = False,
+    seed: Annotated[int, typer.Option(help="Base seed.")] = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Re-run a paper's headline claim in miniature and write a report (md, png, html).
+
+    The report goes to OUT/NAME (OUT/all for `all`) with report.md, report.html, results.json and
+    figures/.
+    """
+    import tempfile
+    import time
+
+    from lmforge.reproduce.base import ReproduceOptions, get, load_all
+    from lmforge.report import write_report
+
+    repros = load_all()
+    if list_ or name is None:
+        rows = [{"name": r.name, "title": r.title, "summary": r.summary} for r in repros.values()]
+        if as_json:
+            _emit_json(rows)
+        else:
+            for r in rows:
+                typer.echo(f"{r['name']:<16} {r['title']} — {r['summary']}")
+        return
+    names = sorted(repros) if name == "all" else [get(name).name]
+    report_dir = out / name
+    if report_dir.exists() and not overwrite:
+        raise UserError(f"output '{report_dir}' already exists; pass --overwrite to replace it")
+    results = []
+    with tempfile.TemporaryDirectory(prefix="lmforge-repro-") as scratch:
+        for n in names:
+            work = Path(scratch) / n
+            work.mkdir()
+            t0 = time.time()
+            res = repros[n].fn(ReproduceOptions(out_dir=work, quick=quick, seed=seed))
+            res.seconds = round(time.time() - t0, 1)
+            results.append(res)
+        paths = write_report(results, report_dir, title=f"lmforge reproduce {name}", overwrite=overwrite)
+    if as_json:
+        payload = [r.to_json() for r in results]
+        _emit_json(payload[0] if len(payload) == 1 else payload)
+        return
+    for r in results:
+        mark = "held" if r.held else "did NOT hold"
+        typer.echo(f"{r.name}: {mark} — {r.claim}")
+    typer.echo(f"report: {paths['html']}")
+
+
+def main() -> None:
+    """Entry point: run the app, turning UserError into one line and exit status 2."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    try:
+        app()
+    except UserError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,438 @@
+"""The tiny model zoo: Llama models with a tokenizer trained here, trained here on lmforge's own
+synthetic agentic corpus, deterministically.
+
+``zoo:NAME`` resolves through :func:`ensure_built`: a build in the per-user cache (XDG, keyed by a
+hash of the spec), else the copy committed with lmforge (the demo model, so ``make demo`` does not
+retrain it), else a fresh build with a progress bar. A build checkpoints every few hundred steps
+and resumes from the checkpoint after an interruption.
+
+Determinism: the data for step ``t`` comes from ``random.Random(seed, t)`` and every torch random
+draw is seeded, so the same spec on the same machine (same torch build and thread count) gives the
+same loss curve and the same weights. Schedules are in steps, never in wall time, for that reason.
+
+Recipe, from ``shared/papers/zoo-learnability.md``: fp32 (bf16 autocast learned far worse), digits
+as single tokens and needle keys as single tokens, loss on answer tokens only, AdamW with warm-up
+and cosine decay, and a needle-length curriculum that advances on training exact match but is
+also pushed forward on a step schedule so that it reaches the evaluation length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from lmforge.common.errors import UserError
+from lmforge.common.io import atomic_dir, atomic_write_json
+from lmforge.common.progress import make_progress
+from lmforge.data import corpus
+from lmforge.models.tokenizer import train_tokenizer
+
+# Bump when a generator or the training loop changes what a spec produces: it is part of the hash.
+DATA_VERSION = 1
+PACKAGED_DIR = Path(__file__).resolve().parent.parent / "zoo_weights"
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Llama hyper-parameters."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    max_position: int = 1024
+    rope_theta: float = 10000.0
+
+
+@dataclass(frozen=True)
+class TrainSchedule:
+    """Optimisation and curriculum, all in steps.
+
+    Attributes:
+        steps: optimiser steps.
+        tokens_per_step: approximate (unpadded) tokens per batch.
+        lr / warmup / min_lr_ratio: AdamW peak LR, linear warm-up steps, cosine floor.
+        mixture: task -> sampling weight for a step's batch (one task per batch).
+        needle_start / needle_max: curriculum bounds, in haystack sentences (~8 tokens each).
+        needle_advance: advance when teacher-forced exact match over the last 8 needle batches
+            reaches this; the level also never lags a linear schedule that reaches
+            ``needle_max`` at ``needle_floor_end`` of the steps.
+        ckpt_every: steps between resumable checkpoints.
+        eval_every: steps between teacher-forced probe evaluations (the training curves).
+    """
+
+    steps: int
+    tokens_per_step: int
+    lr: float
+    warmup: int
+    mixture: tuple[tuple[str, float], ...]
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    needle_start: int = 4
+    needle_max: int = 72
+    needle_advance: float = 0.85
+    needle_floor_end: float = 0.7
+    ckpt_every: int = 250
+    eval_every: int = 100
+
+
+@dataclass(frozen=True)
+class EvalSizes:
+    """Held-out evaluation sizes (greedy decoding)."""
+
+    toolcall: int = 200
+    workflow: int = 100
+    needle: int = 100
+    needle_lengths: tuple[int, ...] = (128, 256, 512, 1024)
+    textworld: int = 100
+
+
+@dataclass(frozen=True)
+class ZooSpec:
+    """Everything that determines a zoo model."""
+
+    name: str
+    description: str
+    shape: ModelShape
+    train: TrainSchedule
+    vocab_size: int = 2048
+    seed: int = 0
+    threads: int = 2
+    evals: EvalSizes = field(default_factory=EvalSizes)
+    targets: tuple[tuple[str, float], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def digest(self) -> str:
+        """Hash of the spec (minus its description) and DATA_VERSION: the cache key."""
+        d = self.to_dict()
+        d.pop("description")
+        blob = json.dumps({"spec": d, "data_version": DATA_VERSION}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+_MIX = (("toolcall", 0.22), ("workflow", 0.18), ("needle", 0.38), ("textworld", 0.14), ("text", 0.08))
+
+ZOO: dict[str, ZooSpec] = {
+    "agent-nano": ZooSpec(
+        name="agent-nano",
+        description="0.3M-parameter Llama for tests; builds in under a minute, learns the formats only.",
+        shape=ModelShape(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=192, max_position=1024),
+        train=TrainSchedule(steps=150, tokens_per_step=2048, lr=3e-3, warmup=15, mixture=_MIX,
+                            needle_max=24, ckpt_every=100, eval_every=50),
+        evals=EvalSizes(toolcall=32, workflow=16, needle=16, needle_lengths=(128, 256), textworld=16),
+        targets=(),
+    ),
+    "agent-small": ZooSpec(
+        name="agent-small",
+        description="Llama for the demo: learns tool calls, workflow plans, needle retrieval and blocksworld.",
+        shape=ModelShape(hidden=192, layers=4, heads=6, kv_heads=3, intermediate=512, max_position=1024),
+        train=TrainSchedule(steps=3200, tokens_per_step=4096, lr=2e-3, warmup=100, mixture=_MIX,
+                            needle_max=72, ckpt_every=200, eval_every=100),
+        targets=(("toolcall_exact_match", 0.95), ("needle_512_exact_match", 0.80),
+                 ("workflow_node_f1", 0.70), ("textworld_success", 0.50)),
+    ),
+}
+
+
+def get_spec(name: str) -> ZooSpec:
+    if name not in ZOO:
+        raise UserError(f"unknown zoo model '{name}'; known: {', '.join(sorted(ZOO))}")
+    return ZOO[name]
+
+
+def cache_root() -> Path:
+    """``$LMFORGE_CACHE`` or ``$XDG_CACHE_HOME/lmforge`` (default ``~/.cache/lmforge``)."""
+    if os.environ.get("LMFORGE_CACHE"):
+        return Path(os.environ["LMFORGE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "lmforge"
+
+
+def cache_dir(spec: ZooSpec) -> Path:
+    return cache_root() / "zoo" / f"{spec.name}-{spec.digest()}"
+
+
+def packaged_dir(spec: ZooSpec) -> Path | None:
+    """The committed copy of ``spec`` if one ships with lmforge and its hash matches."""
+    path = PACKAGED_DIR / spec.name
+    meta = path / "zoo.json"
+    if meta.is_file():
+        try:
+            if json.loads(meta.read_text())["digest"] == spec.digest():
+                return path
+        except (KeyError, json.JSONDecodeError):
+            return None
+    return None
+
+
+def ensure_built(name: str) -> Path:
+    """Folder of zoo model ``name``: cached, else committed, else built now (progress bar)."""
+    spec = get_spec(name)
+    out = cache_dir(spec)
+    if (out / "zoo.json").is_file():
+        return out
+    packaged = packaged_dir(spec)
+    if packaged is not None:
+        return packaged
+    build(spec, out)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Batching
+
+
+def _step_rng(seed: int, step: int, stream: str) -> random.Random:
+    # A string seed is hashed deterministically by random.Random (sha512), unlike hash().
+    return random.Random(f"{seed}:{stream}:{step}")
+
+
+Encoded = tuple[list[int], list[bool]]
+
+
+def encode_segments(tok: PreTrainedTokenizerFast, segments: list[tuple[str, bool]], eos_loss: bool = True) -> Encoded:
+    """``BOS seg1 seg2 ... EOS`` ids with a per-token loss flag (answer segments and EOS).
+
+    The first segment is tokenized with the tokenizer's BOS exactly as a prompt is at inference,
+    so the model is trained on the token boundaries it will see.
+    """
+    ids: list[int] = [tok.bos_token_id]
+    flags: list[bool] = [False]
+    for i, (text, is_answer) in enumerate(segments):
+        if not text:
+            continue
+        piece = tok(text, add_special_tokens=False).input_ids
+        ids += piece
+        flags += [is_answer] * len(piece)
+    ids.append(tok.eos_token_id)
+    flags.append(eos_loss)
+    return ids, flags
+
+
+def encode_pair(tok: PreTrainedTokenizerFast, prompt: str, answer: str) -> Encoded:
+    """``BOS prompt answer EOS``, loss on the answer and EOS (on everything for plain text)."""
+    return encode_segments(tok, [(prompt, False), (answer, True)])
+
+
+def collate(examples: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded input_ids, attention_mask and labels (-100 where there is no loss)."""
+    width = max(len(ids) for ids, _ in examples)
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for i, (ids, flags) in enumerate(examples):
+        t = torch.tensor(ids)
+        input_ids[i, : len(ids)] = t
+        mask[i, : len(ids)] = 1
+        keep = torch.tensor(flags)
+        labels[i, : len(ids)] = torch.where(keep, t, torch.full_like(t, -100))
+    return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+
+
+def make_batch(
+    tok: PreTrainedTokenizerFast, task: str, rng: random.Random, tokens: int, needle_level: int
+) -> dict[str, torch.Tensor]:
+    """One single-task batch of about ``tokens`` unpadded tokens (at least 4 sequences)."""
+    examples: list[Encoded] = []
+    total = 0
+    while total < tokens or len(examples) < 4:
+        if task == "needle":
+            n = rng.randint(max(1, needle_level // 2), needle_level)
+            enc = encode_segments(tok, corpus.needle_segments(rng, n))
+        else:
+            enc = encode_pair(tok, *corpus.PAIR_FNS[task](rng))
+        examples.append(enc)
+        total += len(enc[0])
+    return collate(examples, tok.pad_token_id)
+
+
+def answer_exact_match(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per row: whether every answer token is the argmax (teacher forcing)."""
+    pred = logits[:, :-1].argmax(-1)
+    gold = labels[:, 1:]
+    ok = (pred == gold) | (gold == -100)
+    return ok.all(dim=1)
+
+
+def lr_at(step: int, sched: TrainSchedule) -> float:
+    if step < sched.warmup:
+        return sched.lr * (step + 1) / sched.warmup
+    frac = (step - sched.warmup) / max(1, sched.steps - sched.warmup)
+    return sched.lr * (sched.min_lr_ratio + (1 - sched.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def build_model(spec: ZooSpec, vocab_size: int, tok: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+    s = spec.shape
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=s.hidden, intermediate_size=s.intermediate,
+        num_hidden_layers=s.layers, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
+        max_position_embeddings=s.max_position, rope_theta=s.rope_theta, tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        initializer_range=0.02,
+    )
+    torch.manual_seed(spec.seed)
+    model = LlamaForCausalLM(config)
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+# Training
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    needle_level: int = 4
+    needle_hist: list[float] = field(default_factory=list)
+    losses: list[tuple[int, str, float]] = field(default_factory=list)
+    probes: list[dict[str, Any]] = field(default_factory=list)
+    levels: list[tuple[int, int]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _probe_sets(tok: PreTrainedTokenizerFast, spec: ZooSpec) -> dict[str, dict[str, torch.Tensor]]:
+    """Fixed held-out teacher-forced probe batches (a stream the training data never uses)."""
+    out = {}
+    for task in ("toolcall", "workflow", "textworld"):
+        rng = _step_rng(spec.seed, 0, f"probe-{task}")
+        out[task] = collate([encode_pair(tok, *corpus.PAIR_FNS[task](rng)) for _ in range(24)], tok.pad_token_id)
+    rng = _step_rng(spec.seed, 0, "probe-needle")
+    # One query, no EOS target: after an answer, training continues with the next question.
+    out["needle_512"] = collate(
+        [encode_segments(tok, corpus.needle_segments(rng, 56)[:2], eos_loss=False) for _ in range(16)],
+        tok.pad_token_id)
+    return out
+
+
+@torch.no_grad()
+def _probe(model: LlamaForCausalLM, probes: dict[str, dict[str, torch.Tensor]]) -> dict[str, float]:
+    model.eval()
+    res = {}
+    for name, batch in probes.items():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        res[name] = float(answer_exact_match(logits, batch["labels"]).float().mean())
+    model.train()
+    return res
+
+
+def train(spec: ZooSpec, workdir: Path, progress: bool = True,
+          log: Callable[[str], None] | None = None) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast, TrainState]:
+    """Train ``spec`` with checkpoints in ``workdir``; resumes from ``workdir/ckpt.pt``."""
+    prev_threads = torch.get_num_threads()
+    torch.set_num_threads(spec.threads)
+    try:
+        tok = train_tokenizer(corpus.tokenizer_training_texts(spec.seed), spec.vocab_size)
+        model = build_model(spec, len(tok), tok)
+        sched = spec.train
+        decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+        no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": sched.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=sched.lr, betas=(0.9, 0.95), eps=1e-8,
+        )
+        state = TrainState(needle_level=sched.needle_start)
+        ckpt = workdir / "ckpt.pt"
+        if ckpt.is_file():
+            saved = torch.load(ckpt, map_location="cpu", weights_only=False)
+            model.load_state_dict(saved["model"])
+            opt.load_state_dict(saved["opt"])
+            state = TrainState(**saved["state"])
+        probes = _probe_sets(tok, spec)
+        names = [t for t, _ in sched.mixture]
+        weights = [w for _, w in sched.mixture]
+        model.train()
+        t0 = time.time() - state.seconds
+        with make_progress() as prog:
+            bar = prog.add_task(f"zoo build {spec.name}", total=sched.steps, completed=state.step, info="")
+            if not progress:
+                prog.update(bar, visible=False)
+            while state.step < sched.steps:
+                step = state.step
+                rng = _step_rng(spec.seed, step, "train")
+                task = rng.choices(names, weights)[0]
+                floor = sched.needle_start + (sched.needle_max - sched.needle_start) * min(
+                    1.0, step / (sched.needle_floor_end * sched.steps))
+                state.needle_level = int(min(sched.needle_max, max(state.needle_level, floor)))
+                batch = make_batch(tok, task, rng, sched.tokens_per_step, state.needle_level)
+                for g in opt.param_groups:
+                    g["lr"] = lr_at(step, sched)
+                out = model(**batch)
+                out.loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                loss = float(out.loss.detach())
+                state.losses.append((step, task, loss))
+                if task == "needle":
+                    em = float(answer_exact_match(out.logits.detach(), batch["labels"]).float().mean())
+                    state.needle_hist = (state.needle_hist + [em])[-8:]
+                    if len(state.needle_hist) == 8 and sum(state.needle_hist) / 8 >= sched.needle_advance:
+                        state.needle_level = min(sched.needle_max, max(state.needle_level + 1,
+                                                                       int(state.needle_level * 1.25)))
+                        state.needle_hist = []
+                    state.levels.append((step, state.needle_level))
+                state.step += 1
+                if state.step % sched.eval_every == 0 or state.step == sched.steps:
+                    state.probes.append({"step": state.step, **_probe(model, probes)})
+                state.seconds = time.time() - t0
+                if state.probes and state.probes[-1]["step"] == state.step and log is not None:
+                    log(f"step {state.step} s={state.seconds:.0f} needle_level={state.needle_level} "
+                        + " ".join(f"{k}={v:.2f}" for k, v in state.probes[-1].items() if k != "step"))
+                prog.update(bar, advance=1, info=f"loss {loss:.3f} needle≤{state.needle_level} sent.")
+                if state.step % sched.ckpt_every == 0 and state.step < sched.steps:
+                    tmp = workdir / "ckpt.pt.tmp"
+                    torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                                "state": dataclasses.asdict(state)}, tmp)
+                    os.replace(tmp, ckpt)
+        model.eval()
+        return model, tok, state
+    finally:
+        torch.set_num_threads(prev_threads)
+
+
+def build(spec: ZooSpec, out: Path, overwrite: bool = False, progress: bool = True,
+          evaluate: bool = True, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Train, evaluate and save ``spec`` to ``out`` (atomically); returns the zoo.json metadata."""
+    from lmforge.models.learnability import evaluate_zoo_model
+
+    if out.exists() and not overwrite:
+        raise UserError(f"output '{out}' already exists; pass --overwrite to replace it")
+    workdir = out.parent / f".{out.name}.work"
+    workdir.mkdir(parents=True, exist_ok=True)
+    model, tok, state = train(spec, workdir, progress=progress, log=log)
+    metrics = evaluate_zoo_model(model, tok, spec, progress=progress) if evaluate else {}
+    meta = {
+        "name": spec.name,
+        "digest": spec.digest(),
+        "spec": spec.to_dict(),
+        "params": sum(p.numel() for p in model.parameters()),
+        "train_seconds": round(state.seconds, 1),
+        "torch": torch.__version__,
+        "threads": spec.threads,
+        "metrics": metrics,
+        "targets": dict(spec.targets),
+    }
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        atomic_write_json(tmp / "curves.json", {
+            "losses": state.losses, "probes": state.probes, "needle_levels": state.levels})
+        atomic_write_json(tmp / "zoo.json", meta)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return meta

@@ -1,0 +1,86 @@
+"""The CLI: --help everywhere, --json shapes, and bad input as one line with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from lmforge.cli import app
+
+runner = CliRunner()
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the real entry point in a subprocess (exit codes and stderr as a user sees them)."""
+    return subprocess.run([sys.executable, "-m", "lmforge.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+
+
+@pytest.mark.parametrize("cmd", [[], ["list"], ["zoo"], ["zoo", "list"], ["zoo", "build"], ["reproduce"]])
+def test_help_on_every_command(cmd):
+    res = runner.invoke(app, [*cmd, "--help"])
+    assert res.exit_code == 0, res.output
+    assert "Usage" in res.output
+
+
+def test_list_json_has_name_family_paper():
+    res = runner.invoke(app, ["list", "--json"])
+    rows = json.loads(res.stdout)
+    assert rows and all({"name", "family", "paper"} <= set(r) for r in rows)
+    names = {r["name"] for r in rows}
+    assert {"gptq", "awq", "wanda", "sparsegpt", "ganq", "zigzag", "acbench", "minions"} <= names
+
+
+def test_zoo_list_json():
+    rows = json.loads(runner.invoke(app, ["zoo", "list", "--json"]).stdout)
+    assert {r["name"] for r in rows} >= {"agent-nano", "agent-small"}
+
+
+def _one_error_line(res: subprocess.CompletedProcess) -> str:
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    assert "Traceback" not in res.stderr
+    return lines[0]
+
+
+def test_unknown_zoo_name(tmp_path):
+    line = _one_error_line(run_cli("zoo", "build", "agent-huge", "--out", str(tmp_path / "o")))
+    assert "unknown zoo model 'agent-huge'" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_existing_output_without_overwrite(tmp_path):
+    out = tmp_path / "exists"
+    out.mkdir()
+    (out / "keep.txt").write_text("user data")
+    line = _one_error_line(run_cli("zoo", "build", "agent-nano", "--out", str(out)))
+    assert "--overwrite" in line
+    assert (out / "keep.txt").read_text() == "user data"
+    report = tmp_path / "reports"
+    (report / "zoo").mkdir(parents=True)
+    line = _one_error_line(run_cli("reproduce", "zoo", "--out", str(report)))
+    assert "already exists" in line
+
+
+def test_unknown_reproduction(tmp_path):
+    line = _one_error_line(run_cli("reproduce", "nope", "--out", str(tmp_path)))
+    assert "unknown reproduction 'nope'" in line
+
+
+def test_model_folder_without_config(tmp_path):
+    from lmforge.common.errors import UserError
+    from lmforge.models import load
+
+    with pytest.raises(UserError, match="config.json"):
+        load(str(tmp_path))
+
+
+def test_reproduce_list_json():
+    rows = json.loads(runner.invoke(app, ["reproduce", "--list", "--json"]).stdout)
+    assert "zoo" in {r["name"] for r in rows}

@@ -1,0 +1,45 @@
+"""Session fixtures: an isolated cache, quiet progress bars, and agent-nano built once per run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ["LMFORGE_NO_PROGRESS"] = "1"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def lmforge_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every test run gets its own zoo cache, so a test never sees a user's builds."""
+    root = tmp_path_factory.mktemp("lmforge-cache")
+    os.environ["LMFORGE_CACHE"] = str(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def nano_dir(lmforge_cache: Path) -> Path:
+    """agent-nano, built once per test run (about 20 s)."""
+    from lmforge.models import zoo
+
+    return zoo.ensure_built("agent-nano")
+
+
+@pytest.fixture(scope="session")
+def nano(nano_dir: Path):
+    """(model, tokenizer) of agent-nano, loaded through the public loader."""
+    from lmforge.models import load
+
+    return load("zoo:agent-nano")
+
+
+@pytest.fixture(scope="session")
+def zoo_tokenizer():
+    """The zoo's BPE tokenizer, trained once per run (a fraction of a second)."""
+    from lmforge.data.corpus import tokenizer_training_texts
+    from lmforge.models.tokenizer import train_tokenizer
+
+    return train_tokenizer(tokenizer_training_texts(0), 2048)

@@ -1,0 +1,127 @@
+"""The zoo: deterministic builds, the cache, learnability of agent-nano's formats, and loading."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lmforge.models import zoo
+
+
+def _short(spec: zoo.ZooSpec, steps: int) -> zoo.ZooSpec:
+    return dataclasses.replace(spec, train=dataclasses.replace(spec.train, steps=steps, eval_every=10, ckpt_every=8))
+
+
+def test_short_build_is_deterministic(tmp_path):
+    spec = _short(zoo.ZOO["agent-nano"], 20)
+    a = zoo.build(spec, tmp_path / "a", progress=False, evaluate=False)
+    b = zoo.build(spec, tmp_path / "b", progress=False, evaluate=False)
+    ca = json.loads((tmp_path / "a" / "curves.json").read_text())
+    cb = json.loads((tmp_path / "b" / "curves.json").read_text())
+    assert ca["losses"] == cb["losses"] and ca["probes"] == cb["probes"]
+    wa, wb = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert a["digest"] == b["digest"]
+    # A different seed gives a different model: the equality above is not vacuous.
+    c = dataclasses.replace(spec, seed=1)
+    zoo.build(c, tmp_path / "c", progress=False, evaluate=False)
+    wc = load_file(tmp_path / "c" / "model.safetensors")
+    assert not all(torch.equal(wa[k], wc[k]) for k in wa)
+
+
+def test_resume_from_checkpoint_matches_uninterrupted(tmp_path, monkeypatch):
+    spec = _short(zoo.ZOO["agent-nano"], 12)
+    full = zoo.build(spec, tmp_path / "full", progress=False, evaluate=False)
+    # Interrupt the same build at step 9 (a checkpoint was written after step 8), then resume.
+    work = tmp_path / ".part.work"
+    work.mkdir()
+    real, calls = zoo.make_batch, []
+
+    def dying_make_batch(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 10:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(zoo, "make_batch", dying_make_batch)
+    with pytest.raises(KeyboardInterrupt):
+        zoo.train(spec, work, progress=False)
+    monkeypatch.setattr(zoo, "make_batch", real)
+    assert torch.load(work / "ckpt.pt", weights_only=False)["state"]["step"] == 8
+    model, _, state = zoo.train(spec, work, progress=False)
+    ref = load_file(tmp_path / "full" / "model.safetensors")
+    got = model.state_dict()
+    assert all(torch.equal(ref[k], got[k]) for k in ref)
+    assert full["params"] == sum(p.numel() for p in model.parameters())
+    assert state.step == 12
+
+
+def test_cache_is_keyed_by_spec_hash():
+    a = zoo.ZOO["agent-nano"]
+    b = dataclasses.replace(a, seed=3)
+    assert zoo.cache_dir(a) != zoo.cache_dir(b)
+    assert zoo.cache_dir(a).is_relative_to(zoo.cache_root())
+    # The description is documentation, not part of the key.
+    assert zoo.cache_dir(dataclasses.replace(a, description="other")) == zoo.cache_dir(a)
+
+
+def test_nano_is_small_and_loads_through_public_api(nano_dir, nano):
+    model, tok = nano
+    meta = json.loads((nano_dir / "zoo.json").read_text())
+    assert meta["params"] <= 1_000_000
+    assert sum(p.numel() for p in model.parameters()) == meta["params"]
+    assert (nano_dir / "model.safetensors").is_file()
+    assert model.config.model_type == "llama"
+    assert tok.is_fast
+
+
+def test_nano_learned_something(nano_dir):
+    """Training lowered the answer loss well below the uniform-guess loss ln(V)."""
+    curves = json.loads((nano_dir / "curves.json").read_text())
+    losses = [loss for _, _, loss in curves["losses"]]
+    vocab = json.loads((nano_dir / "config.json").read_text())["vocab_size"]
+    assert sum(losses[:5]) / 5 > 0.9 * torch.log(torch.tensor(float(vocab))).item()
+    assert sum(losses[-10:]) / 10 < 0.6 * sum(losses[:5]) / 5
+
+
+def test_encode_segments_masks_prompt(zoo_tokenizer):
+    ids, flags = zoo.encode_pair(zoo_tokenizer, "Tools:\nUser: hi\nCall:", ' {"name": "x"}')
+    batch = zoo.collate([(ids, flags)], zoo_tokenizer.pad_token_id)
+    labelled = [i for i, f in zip(ids, flags) if f]
+    assert zoo_tokenizer.decode(labelled) == ' {"name": "x"}' + zoo_tokenizer.eos_token
+    assert (batch["labels"] != -100).sum().item() == len(labelled)
+    assert ids[0] == zoo_tokenizer.bos_token_id
+
+
+def test_lr_schedule_warmup_and_floor():
+    s = zoo.ZOO["agent-small"].train
+    assert zoo.lr_at(0, s) == pytest.approx(s.lr / s.warmup)
+    assert zoo.lr_at(s.warmup, s) == pytest.approx(s.lr)
+    assert zoo.lr_at(s.steps, s) == pytest.approx(s.lr * s.min_lr_ratio)
+
+
+def test_packaged_demo_model_matches_its_spec():
+    """The committed agent-small weights carry the digest of the current spec (else ensure_built
+    would silently retrain)."""
+    spec = zoo.ZOO["agent-small"]
+    folder = zoo.PACKAGED_DIR / spec.name
+    if not folder.exists():
+        pytest.skip("agent-small is not committed in this checkout")
+    assert zoo.packaged_dir(spec) == folder
+    size = sum(f.stat().st_size for f in folder.iterdir())
+    assert size <= 25 * 2**20
+
+
+@pytest.mark.slow
+def test_rebuilding_agent_small_reproduces_committed_weights(tmp_path):
+    spec = zoo.ZOO["agent-small"]
+    folder = zoo.PACKAGED_DIR / spec.name
+    zoo.build(spec, tmp_path / "rebuilt", progress=False, evaluate=False)
+    ref = load_file(folder / "model.safetensors")
+    got = load_file(tmp_path / "rebuilt" / "model.safetensors")
+    assert all(torch.equal(ref[k], got[k]) for k in ref)
