@@ -1,0 +1,416 @@
+"""Batched autoregressive generation with a hand-written decode loop.
+
+:func:`generate` does not call ``model.generate``: it runs the prefill and the one-token decode steps
+itself so that every method and evaluation in lmforge shares one well-understood loop.
+
+* Prompts are encoded once with the tokenizer's own special tokens (``add_special_tokens=True``: a
+  Llama tokenizer adds its BOS, a GPT-2 tokenizer adds nothing), sorted by length (longest first) and
+  cut into batches of ``batch_size`` so that rows in a batch need little padding. Outputs come back in
+  the input order.
+* Batches are **left-padded** with an explicit ``attention_mask``; ``position_ids`` are computed from
+  the mask (``cumsum - 1``, clamped at 0) so a padded row sees exactly the positions it would see
+  unpadded. The padding is done here on the encoded ids, so the tokenizer's ``padding_side`` is never
+  touched.
+* The key/value cache is a transformers-5 :class:`~transformers.DynamicCache` built from the model
+  config (so sliding-window layers get sliding cache layers), passed as ``past_key_values`` with
+  ``use_cache=True``. The prefill asks only for the last position's logits (``logits_to_keep=1``).
+* Each row stops on an EOS token (the tokenizer's ``eos_token_id`` together with the model's
+  ``generation_config.eos_token_id``, which may be a list) or when any of ``stop`` appears in the
+  decoded tail of its completion. Finished rows are dropped from the batch (the cache is narrowed
+  with ``batch_select_indices``) and the loop ends when every row is done.
+* Greedy decoding is the argmax; sampling applies temperature, then top-k, then top-p (the order
+  Hugging Face uses) and draws with a ``torch.Generator`` seeded from ``seed``. A seeded run is
+  reproducible for the same prompts and ``batch_size``; the draws depend on the batch composition.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from lmforge.common.errors import UserError
+from lmforge.common.progress import make_progress
+
+FinishReason = Literal["stop", "eos", "length"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationOutput:
+    """One completion.
+
+    Attributes:
+        text: the completion only (no prompt), special tokens removed, cut before the first stop string.
+        prompt_tokens: number of prompt tokens, special tokens the tokenizer added included.
+        completion_tokens: number of tokens generated for this row, the final EOS token included when
+            ``finished_by == "eos"`` and the tokens that completed a stop string included when
+            ``finished_by == "stop"``.
+        finished_by: ``"stop"`` (a stop string), ``"eos"`` (an EOS token) or ``"length"``
+            (``max_new_tokens`` reached).
+        token_ids: the generated token ids (``completion_tokens`` of them).
+    """
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finished_by: FinishReason
+    token_ids: list[int] = field(default_factory=list, repr=False)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (CPU for a model without parameters)."""
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def eos_token_ids(model: nn.Module, tokenizer: Any) -> list[int]:
+    """EOS ids: the tokenizer's plus the model's ``generation_config.eos_token_id`` (int or list)."""
+    ids: list[int] = []
+    candidates: list[Any] = [getattr(tokenizer, "eos_token_id", None)]
+    gen_cfg = getattr(model, "generation_config", None)
+    if gen_cfg is not None:
+        candidates.append(getattr(gen_cfg, "eos_token_id", None))
+    for cand in candidates:
+        if cand is None:
+            continue
+        for i in cand if isinstance(cand, (list, tuple)) else [cand]:
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    return ids
+
+
+def pad_token_id(tokenizer: Any, eos_ids: Sequence[int]) -> int:
+    """The tokenizer's pad id, else the first EOS id; a UserError if neither exists."""
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if pad is not None:
+        return int(pad)
+    if eos_ids:
+        return int(eos_ids[0])
+    raise UserError("the tokenizer has neither a pad token nor an EOS token; set tokenizer.pad_token")
+
+
+def accepts_logits_to_keep(model: nn.Module) -> bool:
+    """Whether ``model.forward`` takes ``logits_to_keep`` (every transformers-5 causal LM does)."""
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def has_learned_positions(model: nn.Module) -> bool:
+    """Whether the model adds a learned absolute position table (GPT-2's ``wpe``, OPT's
+    ``embed_positions``), which cannot go past ``max_position_embeddings``."""
+    return any(
+        isinstance(mod, nn.Embedding) and name.rsplit(".", 1)[-1] in ("wpe", "embed_positions")
+        for name, mod in model.named_modules()
+    )
+
+
+def max_positions(model: nn.Module) -> int | None:
+    """``config.max_position_embeddings`` (GPT-2's ``n_positions``) or None when the config has none."""
+    cfg = getattr(model, "config", None)
+    value = getattr(cfg, "max_position_embeddings", None) if cfg is not None else None
+    return int(value) if value else None
+
+
+def _check_sampling_args(
+    max_new_tokens: int, do_sample: bool, temperature: float, top_p: float, top_k: int, batch_size: int
+) -> None:
+    if max_new_tokens < 0:
+        raise UserError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if batch_size < 1:
+        raise UserError(f"batch_size must be >= 1, got {batch_size}")
+    if do_sample:
+        if not (temperature > 0 and math.isfinite(temperature)):
+            raise UserError(f"temperature must be a positive number when sampling, got {temperature}")
+        if not (0.0 < top_p <= 1.0):
+            raise UserError(f"top_p must be in (0, 1], got {top_p}")
+        if top_k < 0:
+            raise UserError(f"top_k must be >= 0 (0 disables it), got {top_k}")
+
+
+def _select_next(
+    logits: torch.Tensor,
+    do_sample: bool,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """Next token ids, shape ``(batch,)``, from last-position logits ``(batch, vocab)``."""
+    if not do_sample:
+        return logits.argmax(dim=-1)
+    scores = logits.float()
+    if temperature != 1.0:
+        scores = scores / temperature
+    if top_k > 0 and top_k < scores.shape[-1]:
+        kth = torch.topk(scores, top_k, dim=-1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, sorted_idx = torch.sort(scores, dim=-1, descending=False)
+        cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = cum <= (1.0 - top_p)
+        remove_sorted[:, -1] = False  # always keep the most likely token
+        remove = remove_sorted.scatter(1, sorted_idx, remove_sorted)
+        scores = scores.masked_fill(remove, float("-inf"))
+    probs = scores.softmax(dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+
+
+def _first_stop(text: str, stop: Sequence[str]) -> int:
+    """Index of the earliest occurrence of any stop string in ``text``, or -1."""
+    best = -1
+    for s in stop:
+        i = text.find(s)
+        if i != -1 and (best == -1 or i < best):
+            best = i
+    return best
+
+
+def generate(
+    model: nn.Module,
+    tokenizer: Any,
+    prompts: list[str],
+    *,
+    max_new_tokens: int = 64,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    stop: list[str] | None = None,
+    batch_size: int = 16,
+    seed: int | None = None,
+    progress: bool = False,
+) -> list[GenerationOutput]:
+    """Generate a completion for each prompt with a batched, KV-cached decode loop.
+
+    Args:
+        model: a causal LM (``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``GPT2LMHeadModel``...).
+        tokenizer: its tokenizer; a missing pad token falls back to EOS.
+        prompts: the prompts; the result has the same length and order.
+        max_new_tokens: at most this many tokens per completion.
+        do_sample: sample instead of greedy argmax.
+        temperature, top_p, top_k: sampling controls (ignored when greedy); ``top_k=0`` and
+            ``top_p=1`` disable their filter.
+        stop: stop strings; a row ends as soon as one appears in its completion and the text is cut
+            before it. Empty strings are ignored.
+
+    A prompt plus ``max_new_tokens`` longer than ``config.max_position_embeddings`` is a
+    :class:`UserError` for models with learned absolute positions (GPT-2) and a logged warning for
+    rotary models.
+        batch_size: rows per forward pass.
+        seed: seeds the sampling generator; None uses torch's global RNG.
+        progress: show a progress bar over batches.
+
+    Returns:
+        One :class:`GenerationOutput` per prompt, in input order.
+    """
+    _check_sampling_args(max_new_tokens, do_sample, temperature, top_p, top_k, batch_size)
+    if isinstance(prompts, str):
+        raise UserError("generate() takes a list of prompts, not a single string")
+    prompts = list(prompts)
+    if not prompts:
+        return []
+    stops = [s for s in (stop or []) if s]
+
+    device = model_device(model)
+    eos_ids = eos_token_ids(model, tokenizer)
+    pad_id = pad_token_id(tokenizer, eos_ids)
+
+    encoded: list[list[int]] = tokenizer(prompts, add_special_tokens=True)["input_ids"]
+    for i, ids in enumerate(encoded):
+        if not ids:
+            raise UserError(
+                f"prompt {i} encodes to no tokens and the tokenizer adds no BOS token; "
+                "give a non-empty prompt"
+            )
+    limit = max_positions(model)
+    if limit is not None:
+        longest = max(len(ids) for ids in encoded)
+        if longest + max_new_tokens > limit:
+            msg = (
+                f"a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds the model's "
+                f"{limit} positions"
+            )
+            if has_learned_positions(model):
+                # A learned position table (GPT-2's wpe) has no row past the limit: fail clearly.
+                raise UserError(msg + "; shorten the prompt or lower max_new_tokens")
+            logger.warning("%s; rotary positions beyond the trained range may degrade the output", msg)
+
+    generator: torch.Generator | None = None
+    if do_sample and seed is not None:
+        generator = torch.Generator(device=device)
+        generator.manual_seed(int(seed))
+
+    # Longest first: similar lengths share a batch and an out-of-memory error shows up at once.
+    order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]), reverse=True)
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    results: list[GenerationOutput | None] = [None] * len(prompts)
+
+    was_training = model.training
+    model.eval()
+    try:
+        prog = make_progress() if progress else None
+        task = prog.add_task("generate", total=len(prompts), info="") if prog is not None else None
+        with torch.inference_mode(), prog if prog is not None else contextlib.nullcontext():
+            for batch in batches:
+                outs = _generate_batch(
+                    model,
+                    tokenizer,
+                    [encoded[i] for i in batch],
+                    device=device,
+                    pad_id=pad_id,
+                    eos_ids=eos_ids,
+                    stops=stops,
+                    max_new_tokens=max_new_tokens,
+                    do_sample=do_sample,
+                    temperature=temperature,
+                    top_k=top_k,
+                    top_p=top_p,
+                    generator=generator,
+                )
+                for i, out in zip(batch, outs):
+                    results[i] = out
+                if prog is not None and task is not None:
+                    prog.advance(task, len(batch))
+    finally:
+        model.train(was_training)
+    return [r for r in results if r is not None]
+
+
+def _generate_batch(
+    model: nn.Module,
+    tokenizer: Any,
+    rows: list[list[int]],
+    *,
+    device: torch.device,
+    pad_id: int,
+    eos_ids: list[int],
+    stops: list[str],
+    max_new_tokens: int,
+    do_sample: bool,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    generator: torch.Generator | None,
+) -> list[GenerationOutput]:
+    from transformers import DynamicCache
+
+    n = len(rows)
+    lengths = [len(r) for r in rows]
+    width = max(lengths)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, width), dtype=torch.long)
+    for i, ids in enumerate(rows):
+        input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[i, width - len(ids) :] = 1
+    input_ids = input_ids.to(device)
+    attention_mask = attention_mask.to(device)
+    position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
+
+    generated = torch.full((n, max(max_new_tokens, 1)), pad_id, dtype=torch.long, device=device)
+    n_generated = [0] * n
+    finished: list[FinishReason] = ["length"] * n
+
+    if max_new_tokens > 0:
+        cache = DynamicCache(config=model.config)
+        extra = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            **extra,
+        )
+        logits = out.logits[:, -1, :]
+        next_pos = position_ids[:, -1] + 1
+        eos_t = torch.tensor(eos_ids, dtype=torch.long, device=device) if eos_ids else None
+        active = list(range(n))  # batch row -> index into `rows`
+        active_t = torch.arange(n, device=device)
+        # Only the tail of each completion is decoded for the stop check. A stop string of L
+        # characters spans at most L tokens when each token decodes to at least one character;
+        # 4L + 8 also covers byte-fallback tokens (up to 4 per character) and empty decodes.
+        tail = 4 * max((len(s) for s in stops), default=0) + 8
+
+        for step in range(max_new_tokens):
+            tok = _select_next(logits, do_sample, temperature, top_k, top_p, generator)
+            generated[active_t, step] = tok
+            done_rows: list[int] = []  # positions in `active`
+            if eos_t is not None:
+                is_eos = torch.isin(tok, eos_t).tolist()
+                for j, hit in enumerate(is_eos):
+                    if hit:
+                        finished[active[j]] = "eos"
+                        done_rows.append(j)
+            for r in active:
+                n_generated[r] = step + 1
+            if stops:
+                check = [j for j in range(len(active)) if finished[active[j]] != "eos"]
+                if check:
+                    lo = max(0, step + 1 - tail)
+                    tails = generated[active_t[check], lo : step + 1].tolist()
+                    texts = tokenizer.batch_decode(tails, skip_special_tokens=True)
+                    for j, text in zip(check, texts):
+                        if any(s in text for s in stops):
+                            finished[active[j]] = "stop"
+                            done_rows.append(j)
+            if step == max_new_tokens - 1:
+                break
+            if done_rows:
+                done = set(done_rows)
+                keep = [j for j in range(len(active)) if j not in done]
+                if not keep:
+                    break
+                keep_t = torch.tensor(keep, dtype=torch.long, device=device)
+                cache.batch_select_indices(keep_t)
+                attention_mask = attention_mask[keep_t]
+                next_pos = next_pos[keep_t]
+                tok = tok[keep_t]
+                active = [active[j] for j in keep]
+                active_t = active_t[keep_t]
+            ones = attention_mask.new_ones((attention_mask.shape[0], 1))
+            attention_mask = torch.cat([attention_mask, ones], dim=1)
+            out = model(
+                input_ids=tok[:, None],
+                attention_mask=attention_mask,
+                position_ids=next_pos[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            )
+            logits = out.logits[:, -1, :]
+            next_pos = next_pos + 1
+        del cache
+
+    token_lists = generated.tolist()
+    outputs: list[GenerationOutput] = []
+    for i in range(n):
+        ids = token_lists[i][: n_generated[i]]
+        text_ids = ids[:-1] if finished[i] == "eos" else ids
+        text = tokenizer.decode(text_ids, skip_special_tokens=True)
+        reason = finished[i]
+        if stops:
+            cut = _first_stop(text, stops)
+            if cut != -1:
+                text = text[:cut]
+                reason = "stop"
+        outputs.append(
+            GenerationOutput(
+                text=text,
+                prompt_tokens=lengths[i],
+                completion_tokens=len(ids),
+                finished_by=reason,
+                token_ids=ids,
+            )
+        )
+    return outputs
