@@ -118,6 +118,71 @@ def zoo_build(
     c.print(table)
 
 
+ModelArg = Annotated[str, typer.Argument(help="A local Hugging Face model folder, or zoo:NAME.")]
+PickleOpt = Annotated[bool, typer.Option("--allow-pickle", help="Also load pickle weights (*.bin); they can run code.")]
+RemoteOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Run the model folder's own Python code.")]
+
+
+@app.command("generate")
+def generate_cmd(
+    model: ModelArg,
+    prompt: Annotated[list[str], typer.Option("--prompt", "-p", help="A prompt; repeat for a batch.")],
+    max_new_tokens: Annotated[int, typer.Option(help="At most this many new tokens.")] = 64,
+    sample: Annotated[bool, typer.Option("--sample", help="Sample instead of greedy decoding.")] = False,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling threshold.")] = 1.0,
+    stop: Annotated[list[str] | None, typer.Option(help="Stop string; repeatable.")] = None,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    allow_pickle: PickleOpt = False,
+    trust_remote_code: RemoteOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Generate completions with the batched engine (left-padded batches, KV cache)."""
+    from lmforge.common.generation import generate
+    from lmforge.models import load
+
+    lm, tok = load(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+    outs = generate(lm, tok, prompt, max_new_tokens=max_new_tokens, do_sample=sample,
+                    temperature=temperature, top_p=top_p, stop=stop or None, seed=seed,
+                    progress=len(prompt) > 16)
+    if as_json:
+        _emit_json([{"prompt": p, "text": o.text, "prompt_tokens": o.prompt_tokens,
+                     "completion_tokens": o.completion_tokens, "finished_by": o.finished_by}
+                    for p, o in zip(prompt, outs)])
+        return
+    for p, o in zip(prompt, outs):
+        typer.echo(f"{p}{o.text}")
+
+
+@app.command("perplexity")
+def perplexity_cmd(
+    model: ModelArg,
+    text_file: Annotated[Path, typer.Argument(help="A UTF-8 text file (one document per blank-line-separated block).")],
+    max_length: Annotated[int | None, typer.Option(help="Window length (default: the model's context).")] = None,
+    stride: Annotated[int | None, typer.Option(help="Window stride (default: half the window).")] = None,
+    allow_pickle: PickleOpt = False,
+    trust_remote_code: RemoteOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Sliding-window perplexity of a model on a text file."""
+    from lmforge.common.scoring import perplexity
+    from lmforge.models import load
+
+    if not text_file.is_file():
+        raise UserError(f"text file '{text_file}' does not exist")
+    docs = [d.strip() for d in text_file.read_text(encoding="utf-8").split("\n\n") if d.strip()]
+    if not docs:
+        raise UserError(f"text file '{text_file}' is empty")
+    lm, tok = load(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+    res = perplexity(lm, tok, docs, max_length=max_length, stride=stride)
+    payload = {"model": model, "file": str(text_file), "ppl": res.ppl, "nll_sum": res.nll_sum,
+               "n_tokens": res.n_tokens}
+    if as_json:
+        _emit_json(payload)
+    else:
+        typer.echo(f"perplexity {res.ppl:.3f} over {res.n_tokens} tokens")
+
+
 @app.command("reproduce")
 def reproduce(
     name: Annotated[str | None, typer.Argument(help="Reproduction name, or `all`.")] = None,

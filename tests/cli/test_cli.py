@@ -84,3 +84,30 @@ def test_model_folder_without_config(tmp_path):
 def test_reproduce_list_json():
     rows = json.loads(runner.invoke(app, ["reproduce", "--list", "--json"]).stdout)
     assert "zoo" in {r["name"] for r in rows}
+
+
+def test_generate_refuses_pickle_until_allowed(tmp_path):
+    from tests.models.conftest import save_tiny
+
+    folder = tmp_path / "pickled"
+    folder.mkdir()
+    save_tiny(folder, "llama", safe_serialization=False)
+    line = _one_error_line(run_cli("generate", str(folder), "-p", "ab", "--max-new-tokens", "3"))
+    assert "refusing to load pickle weights" in line and "--allow-pickle" in line
+    res = run_cli("generate", str(folder), "-p", "ab", "--max-new-tokens", "3", "--allow-pickle", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out[0]["completion_tokens"] == 3 and out[0]["prompt"] == "ab"
+
+
+def test_perplexity_cli_matches_library(tmp_path, nano):
+    from lmforge.common.scoring import perplexity
+
+    text = tmp_path / "t.txt"
+    text.write_text("Anna visited the garden on Monday.\n\nThe weather in Oslo was cold.\n")
+    res = runner.invoke(app, ["perplexity", "zoo:agent-nano", str(text), "--json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)
+    model, tok = nano
+    ref = perplexity(model, tok, ["Anna visited the garden on Monday.", "The weather in Oslo was cold."])
+    assert abs(got["ppl"] - ref.ppl) < 1e-6 * ref.ppl and got["n_tokens"] == ref.n_tokens

@@ -204,16 +204,16 @@ def generate(
             ``top_p=1`` disable their filter.
         stop: stop strings; a row ends as soon as one appears in its completion and the text is cut
             before it. Empty strings are ignored.
-
-    A prompt plus ``max_new_tokens`` longer than ``config.max_position_embeddings`` is a
-    :class:`UserError` for models with learned absolute positions (GPT-2) and a logged warning for
-    rotary models.
         batch_size: rows per forward pass.
         seed: seeds the sampling generator; None uses torch's global RNG.
         progress: show a progress bar over batches.
 
     Returns:
         One :class:`GenerationOutput` per prompt, in input order.
+
+    A prompt plus ``max_new_tokens`` longer than ``config.max_position_embeddings`` is a
+    :class:`UserError` for models with learned absolute positions (GPT-2) and a logged warning for
+    rotary models.
     """
     _check_sampling_args(max_new_tokens, do_sample, temperature, top_p, top_k, batch_size)
     if isinstance(prompts, str):

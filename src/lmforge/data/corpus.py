@@ -44,10 +44,13 @@ def needle_segments(rng: random.Random, n_sentences: int) -> list[tuple[str, boo
     values = dict(rec["needles"])
     keys = sorted(values)
     rng.shuffle(keys)
-    segs: list[tuple[str, bool]] = [(f"{rec['context']}\nQuestion: What is the code for {keys[0]}?\nAnswer:", False)]
+    def ask(key: str) -> str:
+        return f"\nQuestion: What is the code for {key}?\nAnswer: {needle.answer_prefix(key)}"
+
+    segs: list[tuple[str, bool]] = [(rec["context"] + ask(keys[0]), False)]
     for i, key in enumerate(keys):
         if i:
-            segs.append((f"\nQuestion: What is the code for {key}?\nAnswer:", False))
+            segs.append((ask(key), False))
         segs.append((" " + values[key], True))
     return segs
 

@@ -71,8 +71,14 @@ def example(rng: random.Random, n_sentences: int, n_needles: int = 4, digits: in
     }
 
 
+def answer_prefix(key: str) -> str:
+    """The answer's opening words, given in the prompt as RULER's NIAH templates do
+    ("... Answer: The special magic number for X mentioned in the provided text is")."""
+    return f"The code for {key} is"
+
+
 def prompt(record: dict[str, Any]) -> str:
-    return f"{record['context']}\nQuestion: {record['question']}\nAnswer:"
+    return f"{record['context']}\nQuestion: {record['question']}\nAnswer: {answer_prefix(record['key'])}"
 
 
 def answer(record: dict[str, Any]) -> str:

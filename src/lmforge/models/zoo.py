@@ -41,7 +41,7 @@ from lmforge.data import corpus
 from lmforge.models.tokenizer import train_tokenizer
 
 # Bump when a generator or the training loop changes what a spec produces: it is part of the hash.
-DATA_VERSION = 1
+DATA_VERSION = 2
 PACKAGED_DIR = Path(__file__).resolve().parent.parent / "zoo_weights"
 
 
@@ -69,8 +69,8 @@ class TrainSchedule:
         mixture: task -> sampling weight for a step's batch (one task per batch).
         needle_start / needle_max: curriculum bounds, in haystack sentences (~8 tokens each).
         needle_advance: advance when teacher-forced exact match over the last 8 needle batches
-            reaches this; the level also never lags a linear schedule that reaches
-            ``needle_max`` at ``needle_floor_end`` of the steps.
+            reaches this; the level also never lags a linear schedule that starts at
+            ``needle_floor_start`` and reaches ``needle_max`` at ``needle_floor_end`` of the steps.
         ckpt_every: steps between resumable checkpoints.
         eval_every: steps between teacher-forced probe evaluations (the training curves).
     """
@@ -85,7 +85,8 @@ class TrainSchedule:
     needle_start: int = 4
     needle_max: int = 72
     needle_advance: float = 0.85
-    needle_floor_end: float = 0.7
+    needle_floor_start: float = 0.15
+    needle_floor_end: float = 0.75
     ckpt_every: int = 250
     eval_every: int = 100
 
@@ -142,7 +143,7 @@ ZOO: dict[str, ZooSpec] = {
         name="agent-small",
         description="Llama for the demo: learns tool calls, workflow plans, needle retrieval and blocksworld.",
         shape=ModelShape(hidden=192, layers=4, heads=6, kv_heads=3, intermediate=512, max_position=1024),
-        train=TrainSchedule(steps=3200, tokens_per_step=4096, lr=2e-3, warmup=100, mixture=_MIX,
+        train=TrainSchedule(steps=2800, tokens_per_step=4096, lr=2e-3, warmup=100, mixture=_MIX,
                             needle_max=72, ckpt_every=200, eval_every=100),
         targets=(("toolcall_exact_match", 0.95), ("needle_512_exact_match", 0.80),
                  ("workflow_node_f1", 0.70), ("textworld_success", 0.50)),
@@ -366,8 +367,9 @@ def train(spec: ZooSpec, workdir: Path, progress: bool = True,
                 step = state.step
                 rng = _step_rng(spec.seed, step, "train")
                 task = rng.choices(names, weights)[0]
-                floor = sched.needle_start + (sched.needle_max - sched.needle_start) * min(
-                    1.0, step / (sched.needle_floor_end * sched.steps))
+                ramp = (step / sched.steps - sched.needle_floor_start) / (
+                    sched.needle_floor_end - sched.needle_floor_start)
+                floor = sched.needle_start + (sched.needle_max - sched.needle_start) * min(1.0, max(0.0, ramp))
                 state.needle_level = int(min(sched.needle_max, max(state.needle_level, floor)))
                 batch = make_batch(tok, task, rng, sched.tokens_per_step, state.needle_level)
                 for g in opt.param_groups:

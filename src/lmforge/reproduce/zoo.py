@@ -104,6 +104,17 @@ def run(opts: ReproduceOptions) -> ClaimResult:
         held = last < 0.8 * first
         missed = []
         claim = "agent-nano's answer-token loss falls by more than 20% over its short build."
+    # Flat metric -> value maps so the report lines the paper's numbers up with ours; the main
+    # model's metrics come first, other models' are prefixed with their name.
+    flat: dict[str, Any] = {}
+    for i, (name, values) in enumerate(measured.items()):
+        if isinstance(values, dict):
+            for key, value in values.items():
+                flat[key if i == 0 else f"{name}: {key}"] = round(value, 4) if isinstance(value, float) else value
+        else:
+            flat[name] = round(values, 4)
+    if not main["targets"]:
+        flat["loss_last10 / loss_first10"] = round(measured["loss_last10"] / measured["loss_first10"], 4)
     notes = [
         "Metrics use greedy decoding on held-out prompts from random streams that training never draws.",
         "Needle contexts hold 4 needles; exact match is on the 4-digit code.",
@@ -115,8 +126,8 @@ def run(opts: ReproduceOptions) -> ClaimResult:
         name="zoo",
         title="lmforge zoo learnability (foundation issue targets)",
         claim=claim,
-        paper={"targets": main["targets"], "prior_probe": PRIOR},
-        measured=measured,
+        paper=dict(main["targets"]) if main["targets"] else {"loss_last10 / loss_first10": "< 0.8"},
+        measured=flat,
         held=held,
         tables=[Table("Learnability (greedy, held-out)",
                       ["model", "metric", "measured", "target", "met", "prior probe"], rows)],
