@@ -125,3 +125,29 @@ def test_rebuilding_agent_small_reproduces_committed_weights(tmp_path):
     ref = load_file(folder / "model.safetensors")
     got = load_file(tmp_path / "rebuilt" / "model.safetensors")
     assert all(torch.equal(ref[k], got[k]) for k in ref)
+
+
+def test_packaged_demo_model_still_does_its_tasks():
+    """A regression guard on the committed weights and tokenizer: greedy tool calls and needle
+    retrieval on fresh held-out prompts (a stream neither training nor `zoo build` uses)."""
+    import random
+
+    from lmforge.common.generation import generate
+    from lmforge.data import needle, toolcalls
+    from lmforge.models import load
+
+    spec = zoo.ZOO["agent-small"]
+    if zoo.packaged_dir(spec) is None:
+        pytest.skip("agent-small is not committed in this checkout")
+    model, tok = load(str(zoo.packaged_dir(spec)))
+    meta = json.loads((zoo.packaged_dir(spec) / "zoo.json").read_text())
+    rng = random.Random("test-packaged")
+    recs = toolcalls.generate(rng, 48)
+    outs = generate(model, tok, [toolcalls.prompt(r) for r in recs], max_new_tokens=64, stop=["\n"])
+    em = sum(toolcalls.exact_match(o.text, r) for o, r in zip(outs, recs)) / len(recs)
+    # 48 samples: allow sampling noise around the recorded 200-sample figure.
+    assert em >= meta["metrics"]["toolcall_exact_match"] - 0.15
+    nrecs = [needle.example(rng, n_sentences=12, n_needles=4) for _ in range(32)]
+    outs = generate(model, tok, [needle.prompt(r) for r in nrecs], max_new_tokens=6, stop=["\n", "."])
+    nem = sum(needle.exact_match(o.text, r) for o, r in zip(outs, nrecs)) / len(nrecs)
+    assert nem >= meta["metrics"]["needle_128_exact_match"] - 0.2

@@ -32,25 +32,24 @@ def needle_pair(rng: random.Random, n_sentences: int, n_needles: int | None = No
     return needle.prompt(rec), needle.answer(rec)
 
 
-def needle_segments(rng: random.Random, n_sentences: int) -> list[tuple[str, bool]]:
-    """A haystack followed by one question per needle, as (text, is_answer) segments.
+def needle_segments(rng: random.Random, n_sentences: int, max_needles: int = 16) -> list[tuple[str, bool]]:
+    """A haystack followed by a query for every needle, as (text, is_answer) segments.
 
-    Training asks every needle (dense queries: the probe in ``zoo-learnability.md`` found them
-    better at long contexts than one query per haystack); evaluation asks one, whose prompt is
-    exactly the first segment here.
+    The first query is the evaluation prompt exactly (question + RULER-style answer prefix); the
+    others are the bare prefix ("The code for KEY is"), which packs several times more answer
+    tokens into a sequence. Dense queries over many needles were what made key-value retrieval
+    learnable in the probe of ``zoo-learnability.md``; a first run with one question per needle
+    and few needles sat on the loss plateau for 900 steps.
     """
-    k = rng.randint(1, min(12, max(1, n_sentences // 3 + 1)))
+    k = rng.randint(2, max(2, min(max_needles, n_sentences + 1)))
     rec = needle.example(rng, n_sentences=n_sentences, n_needles=k)
     values = dict(rec["needles"])
     keys = sorted(values)
     rng.shuffle(keys)
-    def ask(key: str) -> str:
-        return f"\nQuestion: What is the code for {key}?\nAnswer: {needle.answer_prefix(key)}"
-
-    segs: list[tuple[str, bool]] = [(rec["context"] + ask(keys[0]), False)]
-    for i, key in enumerate(keys):
-        if i:
-            segs.append((ask(key), False))
+    first = f"{rec['context']}\nQuestion: What is the code for {keys[0]}?\nAnswer: {needle.answer_prefix(keys[0])}"
+    segs: list[tuple[str, bool]] = [(first, False), (" " + values[keys[0]], True)]
+    for key in keys[1:]:
+        segs.append((". " + needle.answer_prefix(key), False))
         segs.append((" " + values[key], True))
     return segs
 
