@@ -58,10 +58,10 @@ def test_needle_answer_is_in_context_once_at_reported_depth():
     for _ in range(100):
         rec = needle.example(rng, n_sentences=30, n_needles=5)
         sentence = needle.needle_sentence(rec["key"], rec["answer"])
-        assert rec["context"].count(f"code for {rec['key']} is") == 1
+        assert rec["context"].count(f"{rec['key']} ") == 1
         assert sentence in rec["context"]
         pieces = rec["context"].split(". ")
-        idx = next(i for i, p in enumerate(pieces) if f"code for {rec['key']}" in p)
+        idx = next(i for i, p in enumerate(pieces) if p.startswith(f"{rec['key']} "))
         assert abs(idx / max(1, len(pieces) - 1) - rec["depth"]) < 1e-9
         assert needle.exact_match(" " + rec["answer"] + ".", rec)
         assert not needle.exact_match(" 12345", rec)
@@ -74,7 +74,9 @@ def test_needle_keys_are_single_tokens(zoo_tokenizer):
 
 def test_digits_are_single_tokens(zoo_tokenizer):
     ids = zoo_tokenizer(" 4821", add_special_tokens=False).input_ids
-    assert [zoo_tokenizer.decode([i]) for i in ids][-4:] == ["4", "8", "2", "1"]
+    # The leading space rides on the first digit (no lone-space token between a key and its value).
+    assert [zoo_tokenizer.decode([i]) for i in ids] == [" 4", "8", "2", "1"]
+    assert zoo_tokenizer.decode(zoo_tokenizer("x=10, y 2.5").input_ids, skip_special_tokens=True) == "x=10, y 2.5"
 
 
 def test_blocksworld_expert_solves_every_start_and_goal_with_three_blocks():
@@ -103,6 +105,9 @@ def test_blocksworld_rejects_invalid_moves():
 
 def test_corpus_segments_match_eval_prompt():
     segs = corpus.needle_segments(random.Random(3), 10)
-    assert segs[0][0].endswith("\nAnswer:") and not segs[0][1]
+    first, is_answer = segs[0]
+    key = first.rsplit(" ", 1)[1]
+    assert first.endswith(f"What is the code for {key}?\nAnswer: {key}") and not is_answer
+    assert f"{key}{segs[1][0]}." in first  # the first answer is the queried needle's value
     answers = [s for s, is_answer in segs if is_answer]
     assert all(a.strip().isdigit() and len(a.strip()) == 4 for a in answers)

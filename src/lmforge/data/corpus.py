@@ -36,10 +36,10 @@ def needle_segments(rng: random.Random, n_sentences: int, max_needles: int = 16)
     """A haystack followed by a query for every needle, as (text, is_answer) segments.
 
     The first query is the evaluation prompt exactly (question + RULER-style answer prefix); the
-    others are the bare prefix ("The code for KEY is"), which packs several times more answer
-    tokens into a sequence. Dense queries over many needles were what made key-value retrieval
-    learnable in the probe of ``zoo-learnability.md``; a first run with one question per needle
-    and few needles sat on the loss plateau for 900 steps.
+    others are the bare prefix (". KEY"), which packs several times more answer tokens into a
+    sequence. Dense queries over many needles were what made key-value retrieval learnable in the
+    probe of ``zoo-learnability.md``; a first run with one question per needle and few needles
+    sat on the loss plateau for 900 steps.
     """
     k = rng.randint(2, max(2, min(max_needles, n_sentences + 1)))
     rec = needle.example(rng, n_sentences=n_sentences, n_needles=k)
@@ -49,7 +49,7 @@ def needle_segments(rng: random.Random, n_sentences: int, max_needles: int = 16)
     first = f"{rec['context']}\nQuestion: What is the code for {keys[0]}?\nAnswer: {needle.answer_prefix(keys[0])}"
     segs: list[tuple[str, bool]] = [(first, False), (" " + values[keys[0]], True)]
     for key in keys[1:]:
-        segs.append((". " + needle.answer_prefix(key), False))
+        segs.append((". " + needle.answer_prefix(key), False))  # ". KEY" then " DDDD"
         segs.append((" " + values[key], True))
     return segs
 
@@ -89,5 +89,5 @@ def tokenizer_training_texts(seed: int = 0, n_per_task: int = 600) -> list[str]:
     for _ in range(40):
         keys = needle.KEYS[:]
         rng.shuffle(keys)
-        texts.append(" ".join(f"The code for {k} is" for k in keys))
+        texts.append(" ".join(needle.needle_sentence(k, "1234") for k in keys))
     return texts

@@ -1,9 +1,11 @@
 """Key-value needles in a haystack of plain text (NIAH, RULER's multi-key variant).
 
-A context is filler sentences from :mod:`lmforge.data.text` with ``n_needles`` sentences
-"The code for KEY is DDDD." inserted at random depths; the question asks for one key's code.
-Keys are short made-up words that the zoo tokenizer keeps as single tokens, values are digit
-strings (one token per digit), so retrieval is "find the key, copy four tokens". Records::
+A context is filler sentences from :mod:`lmforge.data.text` with ``n_needles`` key-value needles
+"KEY DDDD." inserted at random depths (RULER's key-value variant embeds bare pairs the same way);
+the question asks for one key's code. Keys are short made-up words that the zoo tokenizer keeps as
+single tokens, values are digit strings (one token per digit), so retrieval is "find the key, copy
+four tokens". The prompt ends with the answer's opening (the key), as RULER's templates end with
+"The special magic number for X ... is". Records::
 
     {"context": str, "question": str, "answer": str, "key": str, "depth": float, "n_needles": int,
      "needles": [[key, value], ...]}
@@ -35,7 +37,10 @@ KEYS: list[str] = _make_keys()
 
 
 def needle_sentence(key: str, value: str) -> str:
-    return f"The code for {key} is {value}."
+    # NOTE: a bare "KEY VALUE." pair rather than RULER's sentence ("One of the special magic numbers
+    # for KEY is: VALUE."): in a probe here the sentence form learned retrieval markedly slower
+    # (answer loss 1.66 vs 1.44 after 800 steps), and the zoo's CPU budget is tight.
+    return f"{key} {value}."
 
 
 def example(rng: random.Random, n_sentences: int, n_needles: int = 4, digits: int = 4) -> dict[str, Any]:
@@ -72,9 +77,9 @@ def example(rng: random.Random, n_sentences: int, n_needles: int = 4, digits: in
 
 
 def answer_prefix(key: str) -> str:
-    """The answer's opening words, given in the prompt as RULER's NIAH templates do
+    """The answer's opening, given in the prompt as RULER's NIAH templates do
     ("... Answer: The special magic number for X mentioned in the provided text is")."""
-    return f"The code for {key} is"
+    return key
 
 
 def prompt(record: dict[str, Any]) -> str:

@@ -41,7 +41,7 @@ from lmforge.data import corpus
 from lmforge.models.tokenizer import train_tokenizer
 
 # Bump when a generator or the training loop changes what a spec produces: it is part of the hash.
-DATA_VERSION = 3
+DATA_VERSION = 4
 PACKAGED_DIR = Path(__file__).resolve().parent.parent / "zoo_weights"
 
 
@@ -85,8 +85,8 @@ class TrainSchedule:
     needle_start: int = 4
     needle_max: int = 72
     needle_advance: float = 0.85
-    needle_floor_start: float = 0.3
-    needle_floor_end: float = 0.8
+    needle_floor_start: float = 0.35
+    needle_floor_end: float = 0.9
     ckpt_every: int = 250
     eval_every: int = 100
 
@@ -144,7 +144,7 @@ ZOO: dict[str, ZooSpec] = {
         description="Llama for the demo: learns tool calls, workflow plans, needle retrieval and blocksworld.",
         shape=ModelShape(hidden=192, layers=4, heads=6, kv_heads=3, intermediate=512, max_position=1024),
         train=TrainSchedule(steps=3000, tokens_per_step=4096, lr=2e-3, warmup=100, mixture=_MIX,
-                            needle_max=72, ckpt_every=200, eval_every=100),
+                            needle_max=64, ckpt_every=200, eval_every=100),
         targets=(("toolcall_exact_match", 0.95), ("needle_512_exact_match", 0.80),
                  ("workflow_node_f1", 0.70), ("textworld_success", 0.50)),
     ),
