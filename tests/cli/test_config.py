@@ -63,3 +63,19 @@ def test_missing_or_bad_recipe(tmp_path):
 
 def test_parse_overrides_nests():
     assert parse_overrides(["a.b.c=1", "a.d=x"]) == {"a": {"b": {"c": 1}, "d": "x"}}
+
+
+def test_atomic_outputs_get_ordinary_permissions(tmp_path):
+    import os
+    import stat
+
+    from lmforge.common.io import atomic_dir, atomic_write_json
+
+    mask = os.umask(0o022)
+    try:
+        with atomic_dir(tmp_path / "out") as tmp:
+            atomic_write_json(tmp / "a.json", {"x": 1})
+        assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o755
+        assert stat.S_IMODE((tmp_path / "out" / "a.json").stat().st_mode) == 0o644
+    finally:
+        os.umask(mask)

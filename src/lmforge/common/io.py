@@ -19,6 +19,17 @@ from typing import Any
 from lmforge.common.errors import UserError
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _public(path: Path, mode: int) -> None:
+    # mkstemp/mkdtemp create owner-only files (0600/0700); results should get the usual modes.
+    os.chmod(path, mode & ~_umask())
+
+
 def check_output_dir(out: str | Path, overwrite: bool) -> Path:
     """Return ``out`` as a Path, or raise :class:`UserError` if it exists and ``overwrite`` is off."""
     path = Path(out)
@@ -38,6 +49,7 @@ def atomic_dir(out: str | Path, overwrite: bool = False) -> Iterator[Path]:
     final = check_output_dir(out, overwrite)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    _public(tmp, 0o777)
     try:
         yield tmp
     except BaseException:
@@ -64,6 +76,7 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+        _public(Path(tmp), 0o666)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
