@@ -81,7 +81,9 @@ def zoo_build(
     name: Annotated[str, typer.Argument(help="Zoo model name (see `lmforge zoo list`).")],
     out: Annotated[Path | None, typer.Option(help="Write here instead of the per-user cache.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing output folder.")] = False,
-    steps: Annotated[int | None, typer.Option(help="Shorten the build to this many steps (a different model; for tests).")] = None,
+    overrides: Annotated[list[str] | None, typer.Argument(
+        help="Spec overrides as key=value, e.g. train.steps=50 seed=1 (a different model, cached apart).")] = None,
+    recipe: Annotated[Path | None, typer.Option(help="YAML file of spec overrides.")] = None,
     no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the learnability evaluation.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -90,11 +92,11 @@ def zoo_build(
 
     from lmforge.models import zoo
 
+    from lmforge.config import load_config
+
     spec = zoo.get_spec(name)
-    if steps is not None:
-        if steps < 1:
-            raise UserError("--steps must be at least 1")
-        spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, steps=steps))
+    if overrides or recipe is not None:
+        spec = load_config(zoo.ZooSpec, recipe, overrides or [], base=spec.to_dict())
     target = out if out is not None else zoo.cache_dir(spec)
     if target.exists() and not overwrite:
         raise UserError(f"output '{target}' already exists; pass --overwrite to replace it")

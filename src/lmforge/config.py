@@ -52,6 +52,11 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
                 raise UserError(f"recipe key '{key}': cannot parse {value!r} as a list") from exc
         if not isinstance(value, (list, tuple)):
             raise UserError(f"recipe key '{key}' expects a list, got {value!r}")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            # A fixed-length tuple such as tuple[str, float]: one type per position.
+            if len(value) != len(args):
+                raise UserError(f"recipe key '{key}' expects {len(args)} items, got {value!r}")
+            return tuple(_convert(v, t, key) for v, t in zip(value, args))
         inner = args[0] if args else Any
         items = [_convert(v, inner, key) for v in value]
         return tuple(items) if origin is tuple else items
@@ -143,9 +148,13 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_config(
-    cls: type[C], recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+    cls: type[C],
+    recipe: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    base: dict[str, Any] | None = None,
 ) -> C:
-    """Fill ``cls`` from an optional YAML recipe, then ``key=value`` overrides (which win)."""
+    """Fill ``cls`` from ``base`` (e.g. a preset's fields), then an optional YAML recipe, then
+    ``key=value`` overrides; later sources win."""
     data: dict[str, Any] = {}
     if recipe is not None:
         path = Path(recipe)
@@ -160,6 +169,7 @@ def load_config(
         if not isinstance(loaded, dict):
             raise UserError(f"recipe '{path}' must be a mapping of keys to values")
         data = loaded
+    data = _merge(base or {}, data)
     data = _merge(data, parse_overrides(list(overrides)))
     return from_dict(cls, data)
 

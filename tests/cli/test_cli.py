@@ -111,3 +111,35 @@ def test_perplexity_cli_matches_library(tmp_path, nano):
     model, tok = nano
     ref = perplexity(model, tok, ["Anna visited the garden on Monday.", "The weather in Oslo was cold."])
     assert abs(got["ppl"] - ref.ppl) < 1e-6 * ref.ppl and got["n_tokens"] == ref.n_tokens
+
+
+def test_zoo_build_unknown_recipe_key_writes_nothing(tmp_path):
+    out = tmp_path / "o"
+    line = _one_error_line(run_cli("zoo", "build", "agent-nano", "train.nope=3", "--out", str(out)))
+    assert "unknown recipe key 'train.nope'" in line
+    line = _one_error_line(run_cli("zoo", "build", "agent-nano", "train.steps=zero", "--out", str(out)))
+    assert "train.steps" in line
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("shape:\n  widht: 3\n")
+    line = _one_error_line(run_cli("zoo", "build", "agent-nano", "--recipe", str(recipe), "--out", str(out)))
+    assert "unknown recipe key 'shape.widht'" in line
+    assert not out.exists()
+
+
+def test_zoo_build_with_overrides_writes_a_loadable_model(tmp_path):
+    from lmforge.models import load
+
+    out = tmp_path / "tiny"
+    res = runner.invoke(app, ["zoo", "build", "agent-nano", "train.steps=3", "seed=5", "--no-eval",
+                              "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    meta = json.loads(res.stdout)
+    assert meta["spec"]["train"]["steps"] == 3 and meta["spec"]["seed"] == 5
+    assert json.loads((out / "zoo.json").read_text())["digest"] == meta["digest"]
+    model, tok = load(str(out))
+    assert model.config.num_hidden_layers == meta["spec"]["shape"]["layers"]
+
+
+def test_model_folder_without_config_via_cli(tmp_path):
+    line = _one_error_line(run_cli("generate", str(tmp_path), "-p", "hi"))
+    assert "config.json" in line

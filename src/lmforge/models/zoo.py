@@ -90,6 +90,16 @@ class TrainSchedule:
     ckpt_every: int = 250
     eval_every: int = 100
 
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.tokens_per_step < 1:
+            raise ValueError("train.steps and train.tokens_per_step must be at least 1")
+        if not self.lr > 0:
+            raise ValueError("train.lr must be positive")
+        known = {"toolcall", "workflow", "needle", "textworld", "text"}
+        bad = [t for t, _ in self.mixture if t not in known]
+        if bad or not self.mixture or any(w < 0 for _, w in self.mixture):
+            raise ValueError(f"train.mixture needs weights >= 0 over {sorted(known)}; got {self.mixture}")
+
 
 @dataclass(frozen=True)
 class EvalSizes:
