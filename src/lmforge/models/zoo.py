@@ -151,7 +151,8 @@ ZOO: dict[str, ZooSpec] = {
     ),
     "agent-small": ZooSpec(
         name="agent-small",
-        description="Llama for the demo: learns tool calls, workflow plans, needle retrieval and blocksworld.",
+        description="Llama for the demo, trained on tool calls, plans, needles and blocksworld "
+                    "(`lmforge reproduce zoo` reports what it learned).",
         shape=ModelShape(hidden=192, layers=4, heads=6, kv_heads=3, intermediate=512, max_position=1024),
         train=TrainSchedule(steps=3000, tokens_per_step=4096, lr=2e-3, warmup=100, mixture=_MIX,
                             needle_max=64, ckpt_every=200, eval_every=100),

@@ -98,7 +98,7 @@ def _samples(name: str, model: Any, tok: Any) -> list[list[Any]]:
 
 
 @register_reproduction("zoo", "lmforge zoo learnability",
-                       "Tiny Llamas trained here learn tool calls, plans, retrieval and blocksworld.")
+                       "How well tiny Llamas trained here learn tool calls, plans, retrieval and blocksworld.")
 def run(opts: ReproduceOptions) -> ClaimResult:
     names = ["agent-nano"] if opts.quick else ["agent-small", "agent-nano"]
     rows: list[list[Any]] = []
