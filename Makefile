@@ -9,15 +9,21 @@ export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: demo test test-slow bench install clean-venv
 
+# A failed `venv` (e.g. Debian without python3-venv) must not leave a half-made .venv behind.
 $(PY):
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }
+	$(PY) -m pip install --quiet --upgrade pip || { rm -rf $(VENV); exit 1; }
 
 # The CPU torch wheel first, pinned: an unpinned torch pulls a multi-GB CUDA build. A torch that is
-# already importable in the venv (a GPU user's own build) is kept.
+# already importable in the venv (a GPU user's own build) is kept: the torch pin is then dropped
+# from the constraints.
 $(STAMP): $(PY) pyproject.toml constraints.txt
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[reference,test]"
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+	  grep -v '^torch==' constraints.txt > $(VENV)/constraints.txt; \
+	else \
+	  $(PY) -m pip install --quiet "torch==2.13.0" && cp constraints.txt $(VENV)/constraints.txt; \
+	fi
+	$(PY) -m pip install --quiet -c $(VENV)/constraints.txt -e ".[reference,test]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -25,8 +31,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/lmforge reproduce zoo --out reports --overwrite
 
+# pytest's exit 5 (nothing collected) counts as a failure: a suite that runs nothing proves nothing.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	@$(PY) -m pytest -q; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

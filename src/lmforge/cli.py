@@ -170,9 +170,15 @@ def perplexity_cmd(
     from lmforge.common.scoring import perplexity
     from lmforge.models import load
 
-    if not text_file.is_file():
+    if not text_file.exists():
         raise UserError(f"text file '{text_file}' does not exist")
-    docs = [d.strip() for d in text_file.read_text(encoding="utf-8").split("\n\n") if d.strip()]
+    if not text_file.is_file():
+        raise UserError(f"'{text_file}' is not a file")
+    try:
+        raw = text_file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read '{text_file}' as UTF-8 text: {exc}") from exc
+    docs = [d.strip() for d in raw.split("\n\n") if d.strip()]
     if not docs:
         raise UserError(f"text file '{text_file}' is empty")
     lm, tok = load(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
@@ -192,7 +198,7 @@ def reproduce(
     out: Annotated[Path, typer.Option(help="Report folder.")] = Path("reports"),
     overwrite: Annotated[bool, typer.Option(help="Replace an existing report folder.")] = False,
     quick: Annotated[bool, typer.Option(help="A shrunken run (what the tests use).")] = False,
-    seed: Annotated[int, typer.Option(help="Base seed.")] = 0,
+    seed: Annotated[int, typer.Option(help="Base seed for reproductions that sample (zoo evaluates fixed held-out sets).")] = 0,
     as_json: JsonOpt = False,
 ) -> None:
     """Re-run a paper's headline claim in miniature and write a report (md, png, html).
@@ -216,6 +222,8 @@ def reproduce(
                 typer.echo(f"{r['name']:<16} {r['title']} — {r['summary']}")
         return
     names = sorted(repros) if name == "all" else [get(name).name]
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out '{out}' is a file, not a folder")
     report_dir = out / name
     if report_dir.exists() and not overwrite:
         raise UserError(f"output '{report_dir}' already exists; pass --overwrite to replace it")

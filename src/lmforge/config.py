@@ -162,6 +162,8 @@ def load_config(
             raise UserError(f"recipe '{path}' does not exist")
         try:
             loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"cannot read recipe '{path}': {exc}") from exc
         except yaml.YAMLError as exc:
             raise UserError(f"recipe '{path}' is not valid YAML: {str(exc).splitlines()[0]}") from exc
         if loaded is None:

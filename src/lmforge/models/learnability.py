@@ -26,11 +26,12 @@ def _rng(spec_seed: int, stream: str) -> random.Random:
 
 def needle_examples(tok: PreTrainedTokenizerBase, rng: random.Random, n: int, length: int,
                     n_needles: int = 4) -> list[dict[str, Any]]:
-    """``n`` needle records whose prompt is ``length`` tokens give or take one sentence."""
+    """``n`` needle records whose prompt is at most ``length`` tokens (within about a sentence:
+    the haystack is shrunk one sentence at a time from an estimate), as ``n_tokens`` records."""
     out = []
     for _ in range(n):
         n_sent = max(2, length // 9)
-        # Grow or shrink the haystack until the prompt length brackets ``length``.
+        # Shrink the haystack until the prompt fits in ``length`` tokens.
         while True:
             state = rng.getstate()
             rec = needle.example(rng, n_sentences=n_sent, n_needles=n_needles)
