@@ -19,6 +19,10 @@ The pieces, in the order a method uses them:
   forward hooks. GPT-2's ``Conv1D`` modules are linear layers with a transposed weight and are
   treated as such.
 
+Checked: llm-compressor runs the same sequential pipeline inside its modifiers, with no public API
+to reuse it for other methods; this module is that pipeline as plain functions (and lmforge checks
+its GPTQ/SparseGPT against llm-compressor's results, not its internals).
+
 Capture and replay run under ``torch.no_grad()`` rather than ``torch.inference_mode()`` so that the
 stored activations can later be inputs to autograd (block-wise reconstruction methods need that).
 """

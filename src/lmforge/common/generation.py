@@ -2,6 +2,9 @@
 
 :func:`generate` does not call ``model.generate``: it runs the prefill and the one-token decode steps
 itself so that every method and evaluation in lmforge shares one well-understood loop.
+Checked: transformers' ``model.generate`` batches too, but per-row stop strings, per-row token counts
+and a loop that later methods (Minions, UDora) can step through are not its interface; the tests
+check this loop against ``model.generate`` token for token.
 
 * Prompts are encoded once with the tokenizer's own special tokens (``add_special_tokens=True``: a
   Llama tokenizer adds its BOS, a GPT-2 tokenizer adds nothing), sorted by length (longest first) and

@@ -11,6 +11,9 @@ scored exactly once, each with at least ``max_length - stride`` tokens of contex
 start).
 
 Both compute ``log_softmax`` in float32 whatever the model's dtype.
+
+Checked: lm-eval's ``HFLM.loglikelihood`` does the same computation, but only through its harness
+request objects; this is the computation on plain string pairs, tested against a naive loop.
 """
 
 from __future__ import annotations
