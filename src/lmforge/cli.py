@@ -88,8 +88,6 @@ def zoo_build(
     as_json: JsonOpt = False,
 ) -> None:
     """Train a zoo model deterministically, evaluate it, save it (safetensors + tokenizer)."""
-    import dataclasses
-
     from lmforge.models import zoo
 
     from lmforge.config import load_config

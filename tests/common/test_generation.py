@@ -172,3 +172,17 @@ def test_rotary_model_may_run_past_max_positions(models, tokenizer, caplog):
         outs = generate(models["llama"], tokenizer, ["the cat"], max_new_tokens=260)
     assert outs[0].completion_tokens <= 260
     assert "exceeds the model's 256 positions" in caplog.text
+
+
+def test_run_in_batches_sorts_by_length_and_restores_order():
+    from lmforge.common.batching import run_in_batches
+
+    seen: list[list[int]] = []
+
+    def fn(batch):
+        seen.append(batch)
+        return [f"item{i}" for i in batch]
+
+    lengths = [3, 9, 1, 7, 5]
+    assert run_in_batches(lengths, 2, fn) == [f"item{i}" for i in range(5)]
+    assert seen == [[1, 3], [4, 0], [2]]  # longest first, two at a time

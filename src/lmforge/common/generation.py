@@ -28,7 +28,6 @@ check this loop against ``model.generate`` token for token.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import math
@@ -40,7 +39,7 @@ import torch
 from torch import nn
 
 from lmforge.common.errors import UserError
-from lmforge.common.progress import make_progress
+from lmforge.common.batching import inference, run_in_batches
 
 FinishReason = Literal["stop", "eos", "length"]
 
@@ -255,40 +254,26 @@ def generate(
         generator = torch.Generator(device=device)
         generator.manual_seed(int(seed))
 
-    # Longest first: similar lengths share a batch and an out-of-memory error shows up at once.
-    order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]), reverse=True)
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    results: list[GenerationOutput | None] = [None] * len(prompts)
+    def run(batch: list[int]) -> list[GenerationOutput]:
+        return _generate_batch(
+            model,
+            tokenizer,
+            [encoded[i] for i in batch],
+            device=device,
+            pad_id=pad_id,
+            eos_ids=eos_ids,
+            stops=stops,
+            max_new_tokens=max_new_tokens,
+            do_sample=do_sample,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            generator=generator,
+        )
 
-    was_training = model.training
-    model.eval()
-    try:
-        prog = make_progress() if progress else None
-        task = prog.add_task("generate", total=len(prompts), info="") if prog is not None else None
-        with torch.inference_mode(), prog if prog is not None else contextlib.nullcontext():
-            for batch in batches:
-                outs = _generate_batch(
-                    model,
-                    tokenizer,
-                    [encoded[i] for i in batch],
-                    device=device,
-                    pad_id=pad_id,
-                    eos_ids=eos_ids,
-                    stops=stops,
-                    max_new_tokens=max_new_tokens,
-                    do_sample=do_sample,
-                    temperature=temperature,
-                    top_k=top_k,
-                    top_p=top_p,
-                    generator=generator,
-                )
-                for i, out in zip(batch, outs):
-                    results[i] = out
-                if prog is not None and task is not None:
-                    prog.advance(task, len(batch))
-    finally:
-        model.train(was_training)
-    return [r for r in results if r is not None]
+    with inference(model):
+        return run_in_batches([len(ids) for ids in encoded], batch_size, run, progress=progress,
+                              description="generate")
 
 
 def _generate_batch(

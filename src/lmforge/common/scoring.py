@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.common.errors import UserError
+from lmforge.common.batching import inference, run_in_batches
 from lmforge.common.generation import accepts_logits_to_keep, max_positions, model_device
 from lmforge.common.progress import make_progress
 
@@ -128,26 +129,12 @@ def score_continuations(
         pad_id = getattr(tokenizer, "eos_token_id", None) or 0
     keep_logits = accepts_logits_to_keep(model)
 
-    order = sorted(range(len(pairs)), key=lambda i: len(encoded[i][0]) + len(encoded[i][1]), reverse=True)
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    results: list[ContinuationScore | None] = [None] * len(pairs)
+    def run(batch: list[int]) -> list[ContinuationScore]:
+        return _score_batch(model, [encoded[i] for i in batch], device, int(pad_id), keep_logits)
 
-    prog = make_progress() if progress else None
-    task = prog.add_task("score", total=len(pairs), info="") if prog is not None else None
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode(), prog if prog is not None else contextlib.nullcontext():
-            for batch in batches:
-                rows = [encoded[i] for i in batch]
-                scores = _score_batch(model, rows, device, int(pad_id), keep_logits)
-                for i, s in zip(batch, scores):
-                    results[i] = s
-                if prog is not None and task is not None:
-                    prog.advance(task, len(batch))
-    finally:
-        model.train(was_training)
-    return [r for r in results if r is not None]
+    with inference(model):
+        return run_in_batches([len(c) + len(x) for c, x in encoded], batch_size, run,
+                              progress=progress, description="score")
 
 
 def _score_batch(
@@ -285,25 +272,20 @@ def perplexity(
     n_tokens = 0
     prog = make_progress() if progress else None
     task = prog.add_task("perplexity", total=len(windows), info="") if prog is not None else None
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode(), prog if prog is not None else contextlib.nullcontext():
-            for begin, end, n_new in windows:
-                window = stream[:, begin:end]
-                labels = window.clone()
-                labels[:, : window.shape[1] - n_new] = -100
-                logits = model(input_ids=window, use_cache=False).logits
-                # Position t predicts token t+1.
-                shift_logits = logits[0, :-1].float()
-                shift_labels = labels[0, 1:]
-                nll = F.cross_entropy(shift_logits, shift_labels, ignore_index=-100, reduction="sum")
-                nll_sum += float(nll.item())
-                n_tokens += int((shift_labels != -100).sum().item())
-                if prog is not None and task is not None:
-                    prog.advance(task)
-    finally:
-        model.train(was_training)
+    with inference(model), prog if prog is not None else contextlib.nullcontext():
+        for begin, end, n_new in windows:
+            window = stream[:, begin:end]
+            labels = window.clone()
+            labels[:, : window.shape[1] - n_new] = -100
+            logits = model(input_ids=window, use_cache=False).logits
+            # Position t predicts token t+1.
+            shift_logits = logits[0, :-1].float()
+            shift_labels = labels[0, 1:]
+            nll = F.cross_entropy(shift_logits, shift_labels, ignore_index=-100, reduction="sum")
+            nll_sum += float(nll.item())
+            n_tokens += int((shift_labels != -100).sum().item())
+            if prog is not None and task is not None:
+                prog.advance(task)
     if n_tokens == 0:
         ppl = float("nan")
     else:
