@@ -1,0 +1,256 @@
+"""The compression engine: walk the decoder layers in order and compress their linear layers.
+
+One engine serves every layer-wise method (RTN, GPTQ, GANQ, magnitude, Wanda, SparseGPT; AWQ walks
+the same layers with its own per-layer search). For each decoder layer, in order:
+
+1. the layer's inputs are those produced by layers ``0..l-1`` *already compressed* (the sequential
+   pipeline of the GPTQ and SparseGPT papers; :func:`lmforge.common.calibration.iterate_layers`);
+2. one forward pass over the calibration batches accumulates ``H = 2/N X^T X`` of every linear
+   module's input (float64 by default, which is where the Cholesky factorizations need it);
+3. the method's function maps ``(name, W, H)`` to a :class:`LinearResult`; the module's weight is
+   replaced by the result's dense weight, so the next layers see the compressed layer;
+4. the relative output error ``||W X - W' X|| / ||W X||`` on this layer's calibration inputs is
+   recorded from ``H`` (no activations kept).
+
+Modules that share one input (q/k/v, gate/up) are hooked once and share one Hessian.
+
+Checked: llm-compressor runs this pipeline inside its modifiers with no public per-tensor hook; this
+module is the same pipeline written against lmforge's calibration capture.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from lmforge.common.calibration import (
+    HessianAccumulator,
+    LayerInputs,
+    _is_conv1d,
+    get_decoder_layers,
+    iterate_layers,
+    linear_modules,
+)
+from lmforge.common.errors import UserError
+from lmforge.common.quant import CodebookQuantized, UniformQuantized, relative_output_error
+
+__all__ = [
+    "CompressionResult",
+    "LayerRecord",
+    "LinearResult",
+    "check_compressible",
+    "compress_linears",
+    "get_weight",
+    "set_weight",
+    "shared_input_hessians",
+]
+
+Quantized = UniformQuantized | CodebookQuantized
+
+
+@dataclass
+class LinearResult:
+    """What a method returns for one linear module.
+
+    Attributes:
+        weight: the dense ``(out, in)`` weight the compressed module computes with.
+        quantized: the packed form for quantizers (None for pruning).
+        mask: the pruning mask, True where pruned (None for quantizers).
+    """
+
+    weight: torch.Tensor
+    quantized: Quantized | None = None
+    mask: torch.Tensor | None = None
+
+
+@dataclass
+class LayerRecord:
+    """One compressed linear module in the report."""
+
+    name: str
+    rel_error: float
+    shape: tuple[int, int]
+    sparsity: float
+
+
+@dataclass
+class CompressionResult:
+    """A compression run: per-module records and the packed weights of quantizers.
+
+    Attributes:
+        method: method name.
+        config: the method's config as a dict.
+        layers: one record per compressed linear, in model order.
+        seconds: wall time of the walk.
+        quantized: ``{full module name: packed weight}`` for quantizers.
+        n_calib_tokens: calibration tokens seen by layer 0.
+    """
+
+    method: str
+    config: dict[str, Any]
+    layers: list[LayerRecord] = field(default_factory=list)
+    seconds: float = 0.0
+    quantized: dict[str, Quantized] = field(default_factory=dict)
+    n_calib_tokens: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "config": self.config,
+            "seconds": self.seconds,
+            "n_calib_tokens": self.n_calib_tokens,
+            "layers": [asdict(r) | {"shape": list(r.shape)} for r in self.layers],
+        }
+
+
+def get_weight(module: nn.Module) -> torch.Tensor:
+    """A float32 copy of the ``(out, in)`` weight of a linear module (GPT-2 ``Conv1D`` stores it
+    transposed)."""
+    w = module.weight.detach()
+    return (w.t() if _is_conv1d(module) else w).float().clone()
+
+
+@torch.no_grad()
+def set_weight(module: nn.Module, w: torch.Tensor) -> None:
+    """Write an ``(out, in)`` weight into a linear module in its own layout and dtype."""
+    target = module.weight
+    target.copy_((w.t() if _is_conv1d(module) else w).to(dtype=target.dtype, device=target.device))
+
+
+def check_compressible(model: nn.Module, skip: Iterable[str] = ()) -> dict[str, list[str]]:
+    """``{layer prefix: [linear names]}`` of the decoder layers; a UserError if there is nothing to
+    compress (no decoder layers, or no linear module inside them)."""
+    try:
+        layers = get_decoder_layers(model)
+    except UserError as exc:
+        raise UserError(f"the model has no linear layers to compress: {exc}") from None
+    prefix = _layers_prefix(model, layers)
+    found = {}
+    for i, layer in enumerate(layers):
+        names = [n for n in linear_modules(layer) if not any(s in f"{prefix}.{i}.{n}" for s in skip)]
+        found[f"{prefix}.{i}"] = names
+    if not any(found.values()):
+        raise UserError("the model has no linear layers to compress in its decoder layers")
+    return found
+
+
+def _layers_prefix(model: nn.Module, layers: nn.ModuleList) -> str:
+    for name, mod in model.named_modules():
+        if mod is layers:
+            return name
+    return "layers"
+
+
+def shared_input_hessians(
+    layer: nn.Module, inputs: LayerInputs, names: list[str], dtype: torch.dtype
+) -> dict[str, HessianAccumulator]:
+    """Run ``layer`` on its calibration inputs and accumulate the input Hessian of each module in
+    ``names``; modules fed the very same input tensor (q/k/v, gate/up) share one accumulator."""
+    modules = linear_modules(layer)
+    shared: dict[str, HessianAccumulator] = {}
+    seen: dict[int, tuple[torch.Tensor, HessianAccumulator]] = {}
+    current: dict[str, Any] = {"mask": None}
+
+    def make_hook(name: str):
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            x = args[0]
+            hit = seen.get(id(x))
+            acc = hit[1] if hit is not None and hit[0] is x else None
+            if acc is None:
+                acc = shared.get(name)
+                if acc is None:
+                    acc = HessianAccumulator(x.shape[-1], dtype=dtype)
+                mask = current["mask"]
+                if mask is not None and tuple(mask.shape) != tuple(x.shape[:-1]):
+                    mask = None
+                acc.add_batch(x, mask)
+                # The tensor is kept alive until the batch ends, so its id cannot be reused by a
+                # later input (e.g. the MLP's) within the batch.
+                seen[id(x)] = (x, acc)
+            shared[name] = acc
+
+        return hook
+
+    handles = [modules[n].register_forward_hook(make_hook(n)) for n in names]
+    try:
+        with torch.no_grad():
+            for b in range(len(inputs)):
+                # Ids are only meaningful while this batch's tensors are alive.
+                seen.clear()
+                masks = inputs.padding_masks
+                current["mask"] = masks[b] if b < len(masks) else None
+                inputs.run(layer, b)
+    finally:
+        for h in handles:
+            h.remove()
+    return shared
+
+
+LinearFn = Callable[[str, torch.Tensor, torch.Tensor], LinearResult]
+
+
+def compress_linears(
+    model: nn.Module,
+    calib_batches: list[Any],
+    fn: LinearFn,
+    *,
+    method: str,
+    config: dict[str, Any],
+    hessian_dtype: torch.dtype = torch.float64,
+    skip: Iterable[str] = (),
+    progress: bool = True,
+) -> CompressionResult:
+    """Compress every linear module of every decoder layer with ``fn(full_name, W, H)``.
+
+    Args:
+        model: a causal LM with a supported layout (Llama, Qwen2, Mistral, GPT-2...). The LM head and
+            embeddings are never touched.
+        calib_batches: ``(batch, seq)`` token-id tensors (or mappings with ``input_ids`` and
+            ``attention_mask``).
+        fn: the method, called once per linear module in model order.
+        method, config: recorded in the result.
+        hessian_dtype: accumulation dtype of ``H``.
+        skip: substrings of full module names to leave alone.
+        progress: progress bar over layers.
+
+    Raises:
+        UserError: for an empty calibration set or a model without linear layers to compress.
+    """
+    if not calib_batches:
+        raise UserError("the calibration set is empty")
+    plan = check_compressible(model, skip)
+    prefixes = list(plan)
+    result = CompressionResult(method=method, config=config)
+    start = time.perf_counter()
+    for i, layer, inputs in iterate_layers(model, calib_batches, progress=progress):
+        if i == 0:
+            result.n_calib_tokens = inputs.n_tokens()
+        names = plan[prefixes[i]]
+        if not names:
+            continue
+        hessians = shared_input_hessians(layer, inputs, names, hessian_dtype)
+        modules = linear_modules(layer)
+        for name in names:
+            full = f"{prefixes[i]}.{name}"
+            mod = modules[name]
+            W = get_weight(mod)
+            H = hessians[name].hessian
+            res = fn(full, W, H)
+            set_weight(mod, res.weight)
+            if res.quantized is not None:
+                result.quantized[full] = res.quantized
+            result.layers.append(
+                LayerRecord(
+                    name=full,
+                    rel_error=relative_output_error(W, res.weight, H),
+                    shape=(int(W.shape[0]), int(W.shape[1])),
+                    sparsity=float((res.weight == 0).float().mean()),
+                )
+            )
+    result.seconds = time.perf_counter() - start
+    return result

@@ -1,0 +1,95 @@
+"""GPTQ: accurate post-training quantization for generative pre-trained transformers.
+
+Frantar, Ashkboos, Hoefler, Alistarh, ICLR 2023, https://arxiv.org/abs/2210.17323 (reference code
+github.com/IST-DASLab/gptq, ``gptq.py: GPTQ.fasterquant``).
+
+How it works: for a linear layer ``W`` (out x in) with input Hessian ``H = 2/N X^T X``, columns are
+quantized one at a time; the error of column ``j`` is spread over the not-yet-quantized columns with
+the row ``j`` of the inverse Hessian of the remaining columns (Optimal Brain Surgeon). Those rows are
+the rows of the upper Cholesky factor ``U`` of ``H^-1`` (scaled by ``1/U_jj``), computed once. Updates
+are applied lazily: inside a block of ``block_size`` columns eagerly, to the columns after the block
+once per block (``W[:, i2:] -= Err @ U[i1:i2, i2:]``). With groups, a group's scale/zero is fixed when
+the sweep reaches its first column, from the group's error-updated weights. With act-order the columns
+are swept in decreasing ``diag(H)`` and groups are formed in that order (``g_idx`` records them).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from lmforge.common.quant import (
+    UniformQuantized,
+    damped_inverse_cholesky,
+    prepare_hessian,
+    quantize_codes,
+    uniform_qparams,
+)
+from lmforge.methods.gptq.config import GPTQConfig
+
+__all__ = ["gptq_quantize"]
+
+
+@torch.no_grad()
+def gptq_quantize(W: torch.Tensor, H: torch.Tensor, cfg: GPTQConfig) -> UniformQuantized:
+    """Quantize ``W`` (out x in) given the input Hessian ``H`` (in x in).
+
+    Returns:
+        A :class:`UniformQuantized` whose ``dequantize()`` is the GPTQ weight, codes in the original
+        column order (``g_idx`` set under act-order with groups).
+    """
+    out_f, n = W.shape
+    W, H, _ = prepare_hessian(W, H)
+    gs = cfg.group_size if 0 < cfg.group_size < n else 0
+
+    perm = None
+    if cfg.act_order:
+        perm = torch.argsort(torch.diagonal(H), descending=True)
+        W = W[:, perm]
+        H = H[perm][:, perm]
+    U = damped_inverse_cholesky(H, cfg.damp).to(W.dtype)
+
+    n_groups = math.ceil(n / gs) if gs else 1
+    scales = torch.empty(out_f, n_groups)
+    zeros = torch.empty(out_f, n_groups)
+    codes = torch.empty(out_f, n, dtype=torch.uint8)
+    if not gs:
+        s, z = uniform_qparams(W, cfg.bits, cfg.sym)
+        scales[:, 0], zeros[:, 0] = s, z
+
+    for i1 in range(0, n, cfg.block_size):
+        i2 = min(i1 + cfg.block_size, n)
+        W1 = W[:, i1:i2].clone()
+        U1 = U[i1:i2, i1:i2]
+        Err1 = torch.zeros_like(W1)
+        for i in range(i2 - i1):
+            col = i1 + i
+            if gs and col % gs == 0:
+                # NOTE: the reference code reads the group from W, whose columns inside the current
+                # block have not yet received this block's error feedback; we read the up-to-date
+                # values (W1 inside the block, W after it), which is what the algorithm intends.
+                g_end = min(col + gs, n)
+                grp = torch.cat([W1[:, i : min(i2, g_end) - i1], W[:, i2:g_end]], dim=1) if g_end > i2 else W1[:, i : g_end - i1]
+                s, z = uniform_qparams(grp, cfg.bits, cfg.sym)
+                scales[:, col // gs], zeros[:, col // gs] = s, z
+            g = col // gs if gs else 0
+            s, z = scales[:, g], zeros[:, g]
+            w = W1[:, i]
+            q = quantize_codes(w, s, z, cfg.bits)
+            codes[:, col] = q.to(torch.uint8)
+            err = (w - s * (q - z)) / U1[i, i]
+            W1[:, i:] -= err[:, None] * U1[i, i:][None, :]
+            Err1[:, i] = err
+        W[:, i2:] -= Err1 @ U[i1:i2, i2:]
+
+    g_idx = None
+    if perm is not None:
+        inv = torch.argsort(perm)
+        codes = codes[:, inv]
+        if gs:
+            # Column perm[k] was swept k-th, so it belongs to group k // gs.
+            g_idx = (torch.arange(n) // gs)[inv].to(torch.int32)
+    return UniformQuantized(
+        codes=codes, scales=scales, zeros=zeros, bits=cfg.bits, group_size=gs, sym=cfg.sym, g_idx=g_idx
+    )
