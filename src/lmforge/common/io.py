@@ -55,6 +55,13 @@ def atomic_dir(out: str | Path, overwrite: bool = False) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    # Libraries that write through private temp files (safetensors) leave 0600 files behind; the
+    # result is shared like any file the user creates.
+    for path in tmp.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            _public(path, 0o666)
+        elif path.is_dir():
+            _public(path, 0o777)
     if final.exists():
         # Move the old result aside first so that a failure mid-swap still leaves one of the two.
         old = final.with_name(f".{final.name}.old-{os.getpid()}")

@@ -7,6 +7,10 @@ the two things that can run arbitrary code on load: pickle weights (``*.bin``/``
 ``allow_pickle``) and custom modelling code named by ``auto_map`` (opt in with
 ``trust_remote_code``). Every problem the user can fix is a one-line :class:`UserError`.
 
+Checkpoints saved by :func:`lmforge.models.quantized.save_compressed` (config.json's
+``quantization_config.quant_method == "lmforge"``) are built by
+:func:`lmforge.models.quantized.build_compressed_model`, with packed quantized layers.
+
 Supported models are decoder-only causal LMs that transformers knows (Llama, Qwen2/3, Mistral,
 GPT-2, Gemma, Phi, ...); encoder-only and encoder-decoder models are refused.
 """
@@ -321,7 +325,7 @@ def load(
     folder = resolve_spec(spec)
     torch_dtype = _parse_dtype(dtype)
     dev = _parse_device(device)
-    _read_config_json(folder)  # clear errors for missing / unparsable config.json first
+    raw_config = _read_config_json(folder)  # clear errors for missing / unparsable config.json first
 
     if not progress_enabled():
         from transformers.utils import logging as hf_logging
@@ -332,7 +336,15 @@ def load(
         _check_causal_lm(folder, config, trust_remote_code)
         kind = _check_weights(folder, allow_pickle)
         _check_tokenizer_files(folder)
-        model = _load_model(folder, config, kind, allow_pickle, trust_remote_code, torch_dtype, attn_implementation)
+        if _is_lmforge_compressed(raw_config):
+            # Packed lmforge quantization (GPTQ/AWQ/RTN/GANQ): transformers does not know the format.
+            from lmforge.models.quantized import build_compressed_model
+
+            model = build_compressed_model(
+                folder, config, raw_config, dtype=torch_dtype, attn_implementation=attn_implementation
+            )
+        else:
+            model = _load_model(folder, config, kind, allow_pickle, trust_remote_code, torch_dtype, attn_implementation)
         tokenizer = _load_tokenizer(folder, trust_remote_code)
 
     model.to(dev)
@@ -343,6 +355,11 @@ def load(
     if gen_cfg is not None and getattr(gen_cfg, "pad_token_id", None) is None and tokenizer.pad_token_id is not None:
         gen_cfg.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+def _is_lmforge_compressed(raw_config: dict[str, Any]) -> bool:
+    qc = raw_config.get("quantization_config")
+    return isinstance(qc, dict) and qc.get("quant_method") == "lmforge"
 
 
 def _load_model(

@@ -1,0 +1,763 @@
+"""Linear layers that run from packed quantized weights, and the matmuls behind them.
+
+* :class:`UniformQuantLinear` holds a :class:`~lmforge.common.quant.UniformQuantized` weight (GPTQ,
+  AWQ, RTN) as packed int32 codes (:func:`~lmforge.common.quant.pack_codes`) with float32
+  ``scales``/``zeros`` per (row, group) and an optional act-order ``g_idx``; its forward is
+  :func:`dequant_matmul`.
+* :class:`CodebookQuantLinear` holds a :class:`~lmforge.common.quant.CodebookQuantized` weight (GANQ)
+  as packed codes, a ``(out, 2^bits)`` codebook and optional sparse outliers; its forward is the
+  codebook matmul of :func:`lut_matmul`.
+* :func:`lut_matmul` computes ``x @ W^T`` for ``W[i, j] = T[i, Q[i, j]]`` two ways: ``"gather"``
+  dequantizes (``T.gather(1, Q)``) then multiplies; ``"lut"`` is the LUT / bucket-sum formulation
+  ``y_i = sum_s T[i, s] * (sum_{j: Q_ij = s} x_j)`` (a scatter-add of ``x`` into ``2^bits`` buckets
+  per row, then a ``2^bits``-long dot product per row).
+* :func:`weight_bytes` counts the bytes that hold a module's weight; :func:`swap_linear` replaces a
+  ``nn.Linear`` or GPT-2 ``Conv1D`` by a quantized module with the same ``y = x W^T + b``.
+
+Both matmuls work on blocks of output rows: a block's codes are unpacked (to float32 for uniform
+codes, to the int64 indices ``gather`` and ``scatter_add_`` need for codebooks) and dequantized while
+they are still in cache, and only
+one block's float weight exists at a time, so a forward never materialises the whole float weight
+(memory is the point of quantization). Nothing is cached unless a module is built with
+``cache_weight=True``.
+
+Checked for reuse: compressed-tensors' ``CompressedLinear`` decompresses the whole weight on every
+forward and has no per-row-codebook format; transformers' quantizers (GPTQ/AWQ via gptqmodel, HQQ,
+compressed-tensors) need their own packing layouts and, for GPTQ/AWQ, compiled kernels. These are
+plain PyTorch, CPU and GPU alike.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmforge.common.errors import UserError
+from lmforge.common.quant import (
+    CodebookQuantized,
+    UniformQuantized,
+    codes_per_word,
+    pack_codes,
+    unpack_codes,
+)
+
+__all__ = [
+    "CodebookQuantLinear",
+    "UniformQuantLinear",
+    "dequant_matmul",
+    "is_quant_linear",
+    "lut_matmul",
+    "swap_linear",
+    "weight_bytes",
+]
+
+# A block of output rows holds about this many weights (2 MiB of float32): large enough for an
+# efficient matmul, small enough that the unpacked codes and the dequantized block stay in cache.
+_BLOCK_ELEMS = 1 << 19
+
+_LUT_METHODS = ("auto", "lut", "gather")
+
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
+def _block_rows(in_features: int, out_features: int, block_rows: int | None) -> int:
+    if block_rows is not None:
+        if block_rows <= 0:
+            raise ValueError(f"block_rows must be positive, got {block_rows}")
+        return block_rows
+    return max(16, min(out_features, _BLOCK_ELEMS // max(1, in_features)))
+
+
+def _unpack_rows(words: torch.Tensor, bits: int, n: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """``(rows, n)`` codes of packed int32 ``words`` (the layout of :func:`pack_codes`) as ``dtype``.
+
+    For widths that divide 8 (1, 2, 4, 8 bits) the words are read as little-endian bytes, so the
+    shifts and masks run on uint8 (a third faster than on int32 at 4 bits). Other widths shift int32
+    words; an arithmetic shift of a negative word only smears the sign into bits the mask drops.
+    """
+    rows = words.shape[0]
+    mask = (1 << bits) - 1
+    if 8 % bits == 0 and _LITTLE_ENDIAN:
+        b = words.contiguous().view(torch.uint8)  # byte k of a word holds codes k*(8//bits)...
+        if bits == 8:
+            codes = b
+        else:
+            per_byte = 8 // bits
+            codes = torch.stack([(b >> (k * bits)) & mask for k in range(per_byte)], dim=-1)
+    else:
+        shifts = torch.arange(codes_per_word(bits), dtype=torch.int32, device=words.device) * bits
+        codes = (words.unsqueeze(-1) >> shifts) & mask
+    return codes.reshape(rows, -1)[:, :n].to(dtype)
+
+
+def _codes_at(words: torch.Tensor, bits: int, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """The packed codes at positions ``(rows[k], cols[k])`` as int64, without unpacking the rest."""
+    per = codes_per_word(bits)
+    cols = cols.long()
+    w = words[rows.long(), cols // per].to(torch.int64)
+    return (w >> ((cols % per) * bits)) & ((1 << bits) - 1)
+
+
+def _flatten_input(x: torch.Tensor, in_features: int) -> tuple[torch.Tensor, tuple[int, ...]]:
+    if x.shape[-1] != in_features:
+        raise ValueError(f"input has {x.shape[-1]} features, the layer expects {in_features}")
+    lead = tuple(x.shape[:-1])
+    return x.reshape(-1, in_features), lead
+
+
+def _blocked(
+    n_rows: int, rows_per_block: int, block_out: Callable[[int, int], torch.Tensor]
+) -> torch.Tensor:
+    """Concatenate ``block_out(start, stop)`` (each ``(tokens, stop - start)``) over row blocks."""
+    outs = [block_out(r, min(r + rows_per_block, n_rows)) for r in range(0, n_rows, rows_per_block)]
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+
+# --------------------------------------------------------------------------------------------------
+# Uniform codes
+
+
+def _dequant_block(
+    words: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    bits: int,
+    in_features: int,
+    group_size: int,
+    g_idx: torch.Tensor | None,
+) -> torch.Tensor:
+    """Float32 ``scale * (q - zero)`` of a block of rows, bit for bit what ``UniformQuantized.dequantize``
+    computes (the same two float32 operations on the same operands)."""
+    q = _unpack_rows(words, bits, in_features, torch.float32)
+    scales = scales.to(torch.float32)
+    zeros = zeros.to(torch.float32)
+    if g_idx is None and group_size <= 0:
+        return scales[:, :1] * (q - zeros[:, :1])
+    if g_idx is None and in_features % group_size == 0:
+        rows, n_groups = q.shape[0], in_features // group_size
+        qg = q.view(rows, n_groups, group_size)
+        return (scales.unsqueeze(-1) * (qg - zeros.unsqueeze(-1))).view(rows, in_features)
+    if g_idx is None:
+        g = torch.arange(in_features, device=q.device) // group_size
+    else:
+        g = g_idx.to(device=q.device, dtype=torch.long)
+    return scales[:, g] * (q - zeros[:, g])
+
+
+def dequant_matmul(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    *,
+    bits: int,
+    in_features: int,
+    group_size: int = 0,
+    g_idx: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    block_rows: int | None = None,
+) -> torch.Tensor:
+    """``x @ W^T (+ bias)`` for a uniform weight ``W = scales * (codes - zeros)`` stored packed.
+
+    The weight is dequantized in float32 one block of output rows at a time, cast to ``x``'s dtype and
+    multiplied with ``F.linear``; the result equals ``F.linear(x, q.dequantize().to(x.dtype), bias)``
+    up to floating-point summation order.
+
+    Args:
+        x: ``(..., in_features)`` input.
+        qweight: ``(out, ceil(in / (32 // bits)))`` int32 packed codes.
+        scales: ``(out, n_groups)`` scales.
+        zeros: ``(out, n_groups)`` zero points.
+        bits: code width.
+        in_features: number of input features (the packed rows are zero-padded).
+        group_size: columns per group; 0 for one group per row.
+        g_idx: ``(in,)`` group of each column (act-order), or None for ``j // group_size``.
+        bias: optional ``(out,)`` bias.
+        block_rows: output rows per block; None picks about 512K weights a block.
+
+    Returns:
+        ``(..., out)`` in ``x``'s dtype.
+    """
+    x2, lead = _flatten_input(x, in_features)
+    out_features = qweight.shape[0]
+    rows = _block_rows(in_features, out_features, block_rows)
+
+    def block(r0: int, r1: int) -> torch.Tensor:
+        w = _dequant_block(qweight[r0:r1], scales[r0:r1], zeros[r0:r1], bits, in_features, group_size, g_idx)
+        return F.linear(x2, w.to(x2.dtype))
+
+    y = _blocked(out_features, rows, block)
+    if bias is not None:
+        y = y + bias.to(y.dtype)
+    return y.reshape(*lead, out_features)
+
+
+# --------------------------------------------------------------------------------------------------
+# Codebook codes
+
+
+def _check_method(method: str) -> None:
+    if method not in _LUT_METHODS:
+        raise ValueError(f"method must be one of {', '.join(_LUT_METHODS)}, got {method!r}")
+
+
+def _resolve_method(method: str) -> str:
+    # NOTE: measured on CPU (benchmarks/lut_matmul.py): with PyTorch ops the bucket-sum is no faster
+    # than gather-then-matmul even at batch 1 (both are bound by unpacking and the int64 indices),
+    # and gather's cost is shared by every token of a batch. "auto" therefore always gathers; "lut"
+    # stays available (and exact) as the reference formulation of a LUT kernel.
+    if method == "auto":
+        return "gather"
+    return method
+
+
+def _codebook_block(
+    x2: torch.Tensor, codes: torch.Tensor, table: torch.Tensor, method: str
+) -> torch.Tensor:
+    """``(tokens, rows)`` output of one block: ``codes`` ``(rows, in)`` int64, ``table`` ``(rows, K)``."""
+    if method == "gather":
+        w = torch.gather(table.to(torch.float32), 1, codes)
+        return F.linear(x2, w.to(x2.dtype))
+    # LUT / bucket sum: bucket[t, i, s] = sum of x[t, j] over the columns j where codes[i, j] == s.
+    tokens, rows, k = x2.shape[0], codes.shape[0], table.shape[1]
+    xf = x2.to(torch.float32)
+    buckets = torch.zeros(tokens, rows, k, dtype=torch.float32, device=x2.device)
+    buckets.scatter_add_(
+        2,
+        codes.unsqueeze(0).expand(tokens, rows, codes.shape[1]),
+        xf.unsqueeze(1).expand(tokens, rows, xf.shape[1]),
+    )
+    y = (buckets * table.to(torch.float32).unsqueeze(0)).sum(dim=-1)
+    return y.to(x2.dtype)
+
+
+def _outlier_correction(
+    y: torch.Tensor,
+    x2: torch.Tensor,
+    table: torch.Tensor,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    vals: torch.Tensor,
+    codes_at: torch.Tensor,
+) -> torch.Tensor:
+    """``y`` plus ``x[:, c] * (v - T[r, Q[r, c]])`` for every outlier ``(r, c, v)``: the outlier
+    replaces the codebook value at its position, as in ``CodebookQuantized.dequantize``."""
+    rows_l = rows.to(device=y.device, dtype=torch.long)
+    delta = vals.to(torch.float32) - table.to(torch.float32)[rows_l, codes_at]
+    contrib = x2[:, cols.long()].to(torch.float32) * delta
+    return y.index_add(1, rows_l, contrib.to(y.dtype))
+
+
+def _codebook_matmul(
+    x: torch.Tensor,
+    get_codes: Callable[[int, int], torch.Tensor],
+    codebook: torch.Tensor,
+    in_features: int,
+    *,
+    outliers: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    bias: torch.Tensor | None,
+    method: str,
+    block_rows: int | None,
+) -> torch.Tensor:
+    _check_method(method)
+    x2, lead = _flatten_input(x, in_features)
+    out_features = codebook.shape[0]
+    how = _resolve_method(method)
+    rows = _block_rows(in_features, out_features, block_rows)
+
+    def block(r0: int, r1: int) -> torch.Tensor:
+        return _codebook_block(x2, get_codes(r0, r1), codebook[r0:r1], how)
+
+    y = _blocked(out_features, rows, block)
+    if outliers is not None and outliers[2].numel():
+        y = _outlier_correction(y, x2, codebook, *outliers)
+    if bias is not None:
+        y = y + bias.to(y.dtype)
+    return y.reshape(*lead, out_features)
+
+
+def lut_matmul(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    codebook: torch.Tensor,
+    *,
+    outlier_rows: torch.Tensor | None = None,
+    outlier_cols: torch.Tensor | None = None,
+    outlier_vals: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    method: str = "auto",
+    block_rows: int | None = None,
+) -> torch.Tensor:
+    """``x @ W^T (+ bias)`` for a per-row codebook weight ``W[i, j] = codebook[i, codes[i, j]]``.
+
+    Equals ``x @ codebook.gather(1, codes).T`` (with outliers written into ``W``) up to float
+    summation order, for any number of tokens.
+
+    Args:
+        x: ``(..., in)`` input.
+        codes: ``(out, in)`` integer codes (unpacked).
+        codebook: ``(out, K)`` values, ``K = 2^bits``.
+        outlier_rows, outlier_cols, outlier_vals: optional sparse entries that replace the codebook
+            value at their (unique) positions.
+        bias: optional ``(out,)`` bias.
+        method: ``"gather"`` (dequantize a block, then matmul), ``"lut"`` (bucket sums of ``x`` per
+            code, then a ``K``-long dot product per row) or ``"auto"`` (the faster one; see
+            :func:`_resolve_method`).
+        block_rows: output rows per block; None picks about 512K weights a block.
+
+    Returns:
+        ``(..., out)`` in ``x``'s dtype.
+    """
+    if codes.shape[0] != codebook.shape[0]:
+        raise ValueError(f"codes have {codes.shape[0]} rows but the codebook has {codebook.shape[0]}")
+    in_features = int(codes.shape[1])
+    outliers = None
+    if outlier_vals is not None and outlier_vals.numel():
+        if outlier_rows is None or outlier_cols is None:
+            raise ValueError("outlier_vals needs outlier_rows and outlier_cols")
+        at = codes[outlier_rows.long(), outlier_cols.long()].to(torch.int64)
+        outliers = (outlier_rows, outlier_cols, outlier_vals, at)
+    return _codebook_matmul(
+        x,
+        lambda r0, r1: codes[r0:r1].to(torch.int64),
+        codebook,
+        in_features,
+        outliers=outliers,
+        bias=bias,
+        method=method,
+        block_rows=block_rows,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Modules
+
+
+def _make_bias(out_features: int, bias: bool, dtype: torch.dtype, device: torch.device | str | None):
+    if not bias:
+        return None
+    return nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device), requires_grad=False)
+
+
+class _QuantLinearBase(nn.Module):
+    """Shared bits of the two quantized linear layers (shape checks, bias, weight cache)."""
+
+    in_features: int
+    out_features: int
+    bits: int
+
+    def __init__(self, in_features: int, out_features: int, bits: int, cache_weight: bool) -> None:
+        super().__init__()
+        if in_features <= 0 or out_features <= 0:
+            raise ValueError(f"bad shape ({out_features}, {in_features})")
+        codes_per_word(bits)  # validates bits
+        self.in_features = int(in_features)
+        self.out_features = int(out_features)
+        self.bits = int(bits)
+        self.cache_weight = bool(cache_weight)
+        # The nn.Module that this one replaced ("Linear", "Conv1D"); set by swap_linear.
+        self.source_type: str | None = None
+        self._cache: tuple[tuple, torch.Tensor] | None = None
+
+    def _cached_weight(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        # Tensor._version counts in-place writes (load_state_dict copies, edits), so a stale cache is
+        # never used.
+        key = (dtype, device, *(t._version for t in self._weight_tensors()), *(id(t) for t in self._weight_tensors()))
+        if self._cache is None or self._cache[0] != key:
+            self._cache = (key, self.dequantize_weight().to(device=device, dtype=dtype))
+        return self._cache[1]
+
+    def _weight_tensors(self) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def dequantize_weight(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def clear_cache(self) -> None:
+        """Drop the cached dequantized weight (only used with ``cache_weight=True``)."""
+        self._cache = None
+
+
+class UniformQuantLinear(_QuantLinearBase):
+    """``y = x W^T + b`` with ``W = scales * (codes - zeros)`` per (row, group), codes packed in int32.
+
+    Buffers: ``qweight`` ``(out, ceil(in / (32 // bits)))`` int32, ``scales`` and ``zeros``
+    ``(out, n_groups)`` float32, ``g_idx`` ``(in,)`` int32 when act-order regrouped the columns;
+    ``bias`` is a (frozen) parameter when present.
+
+    Args:
+        in_features, out_features: the layer's shape.
+        bits: code width (1..8).
+        group_size: columns per group; 0 for per-channel (one group per row).
+        sym: whether the grid is symmetric (informational; zeros are stored either way).
+        bias: whether the layer has a bias.
+        act_order: whether a ``g_idx`` buffer is stored.
+        dtype: the bias dtype.
+        cache_weight: keep the dequantized weight between forwards (faster, but as much memory as
+            the dense layer); off by default.
+        block_rows: output rows dequantized at a time (None: automatic).
+        device: where to create the buffers.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        bits: int,
+        group_size: int = 0,
+        sym: bool = False,
+        bias: bool = False,
+        act_order: bool = False,
+        dtype: torch.dtype = torch.float32,
+        cache_weight: bool = False,
+        block_rows: int | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__(in_features, out_features, bits, cache_weight)
+        self.group_size = int(group_size) if group_size and group_size > 0 else 0
+        self.sym = bool(sym)
+        self.block_rows = block_rows
+        n_words = math.ceil(in_features / codes_per_word(bits))
+        n_groups = math.ceil(in_features / self.group_size) if self.group_size else 1
+        self.register_buffer("qweight", torch.zeros(out_features, n_words, dtype=torch.int32, device=device))
+        self.register_buffer("scales", torch.ones(out_features, n_groups, dtype=torch.float32, device=device))
+        self.register_buffer("zeros", torch.zeros(out_features, n_groups, dtype=torch.float32, device=device))
+        g_idx = torch.zeros(in_features, dtype=torch.int32, device=device) if act_order else None
+        self.register_buffer("g_idx", g_idx)
+        self.bias = _make_bias(out_features, bias, dtype, device)
+
+    @property
+    def n_groups(self) -> int:
+        return int(self.scales.shape[1])
+
+    @classmethod
+    def from_quantized(
+        cls,
+        q: UniformQuantized,
+        bias: torch.Tensor | None = None,
+        *,
+        dtype: torch.dtype | None = None,
+        cache_weight: bool = False,
+        block_rows: int | None = None,
+    ) -> UniformQuantLinear:
+        """Pack ``q`` into a new module.
+
+        Args:
+            q: the quantized weight.
+            bias: optional ``(out,)`` bias (copied).
+            dtype: bias dtype; defaults to ``bias``'s own dtype (float32 without bias).
+            cache_weight: see the class.
+            block_rows: see the class.
+        """
+        out_f, in_f = q.shape
+        n_groups = math.ceil(in_f / q.group_size) if 0 < q.group_size else 1
+        if q.g_idx is not None and (q.g_idx.shape != (in_f,) or int(q.g_idx.max()) >= n_groups):
+            raise ValueError(f"g_idx must be ({in_f},) group numbers below {n_groups}")
+        if tuple(q.scales.shape) != (out_f, n_groups) or tuple(q.zeros.shape) != (out_f, n_groups):
+            raise ValueError(
+                f"scales/zeros have shapes {tuple(q.scales.shape)}/{tuple(q.zeros.shape)}, "
+                f"expected ({out_f}, {n_groups})"
+            )
+        if bias is not None and tuple(bias.shape) != (out_f,):
+            raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({out_f},)")
+        bias_dtype = dtype or (bias.dtype if bias is not None else torch.float32)
+        device = q.codes.device
+        m = cls(
+            in_f,
+            out_f,
+            bits=q.bits,
+            group_size=q.group_size,
+            sym=q.sym,
+            bias=bias is not None,
+            act_order=q.g_idx is not None,
+            dtype=bias_dtype,
+            cache_weight=cache_weight,
+            block_rows=block_rows,
+            device=device,
+        )
+        with torch.no_grad():
+            m.qweight.copy_(pack_codes(q.codes, q.bits))
+            m.scales.copy_(q.scales.to(torch.float32))
+            m.zeros.copy_(q.zeros.to(torch.float32))
+            if q.g_idx is not None:
+                m.g_idx.copy_(q.g_idx.to(torch.int32))
+            if bias is not None:
+                m.bias.copy_(bias.detach())
+        return m
+
+    def to_quantized(self) -> UniformQuantized:
+        """The :class:`UniformQuantized` this module holds (tensors are copies)."""
+        return UniformQuantized(
+            codes=unpack_codes(self.qweight, self.bits, self.in_features),
+            scales=self.scales.detach().clone(),
+            zeros=self.zeros.detach().clone(),
+            bits=self.bits,
+            group_size=self.group_size,
+            sym=self.sym,
+            g_idx=None if self.g_idx is None else self.g_idx.detach().clone(),
+        )
+
+    def _weight_tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.qweight, self.scales, self.zeros, self.g_idx) if t is not None]
+
+    def dequantize_weight(self) -> torch.Tensor:
+        """The float32 ``(out, in)`` weight (equal to ``to_quantized().dequantize()``)."""
+        return _dequant_block(
+            self.qweight, self.scales, self.zeros, self.bits, self.in_features, self.group_size, self.g_idx
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cache_weight:
+            bias = None if self.bias is None else self.bias.to(x.dtype)
+            return F.linear(x, self._cached_weight(x.dtype, x.device), bias)
+        return dequant_matmul(
+            x,
+            self.qweight,
+            self.scales,
+            self.zeros,
+            bits=self.bits,
+            in_features=self.in_features,
+            group_size=self.group_size,
+            g_idx=self.g_idx,
+            bias=self.bias,
+            block_rows=self.block_rows,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
+            f"group_size={self.group_size}, sym={self.sym}, act_order={self.g_idx is not None}, "
+            f"bias={self.bias is not None}"
+        )
+
+
+class CodebookQuantLinear(_QuantLinearBase):
+    """``y = x W^T + b`` with ``W[i, j] = codebook[i, codes[i, j]]`` (GANQ), plus sparse outliers.
+
+    Buffers: ``qweight`` packed codes (as in :class:`UniformQuantLinear`), ``codebook``
+    ``(out, 2^bits)`` float32, and when there are outliers ``outlier_rows``/``outlier_cols`` int32 and
+    ``outlier_vals`` float32, each ``(n_outliers,)``; ``bias`` is a (frozen) parameter when present.
+
+    Args:
+        in_features, out_features: the layer's shape.
+        bits: code width (1..8); the codebook has ``2^bits`` entries per row.
+        n_outliers: number of stored outliers (0 for none).
+        bias: whether the layer has a bias.
+        dtype: the bias dtype.
+        method: the :func:`lut_matmul` method used by forward.
+        cache_weight: keep the dequantized weight between forwards; off by default.
+        block_rows: output rows per block (None: automatic).
+        device: where to create the buffers.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        bits: int,
+        n_outliers: int = 0,
+        bias: bool = False,
+        dtype: torch.dtype = torch.float32,
+        method: str = "auto",
+        cache_weight: bool = False,
+        block_rows: int | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__(in_features, out_features, bits, cache_weight)
+        _check_method(method)
+        self.method = method
+        self.block_rows = block_rows
+        n_words = math.ceil(in_features / codes_per_word(bits))
+        self.register_buffer("qweight", torch.zeros(out_features, n_words, dtype=torch.int32, device=device))
+        self.register_buffer("codebook", torch.zeros(out_features, 2**bits, dtype=torch.float32, device=device))
+        for buf, dt in (("outlier_rows", torch.int32), ("outlier_cols", torch.int32), ("outlier_vals", torch.float32)):
+            # No outliers: no tensors (a None buffer is not in the state dict).
+            self.register_buffer(buf, torch.zeros(n_outliers, dtype=dt, device=device) if n_outliers > 0 else None)
+        self.bias = _make_bias(out_features, bias, dtype, device)
+
+    @property
+    def n_outliers(self) -> int:
+        return 0 if self.outlier_vals is None else int(self.outlier_vals.numel())
+
+    @classmethod
+    def from_quantized(
+        cls,
+        q: CodebookQuantized,
+        bias: torch.Tensor | None = None,
+        *,
+        dtype: torch.dtype | None = None,
+        method: str = "auto",
+        cache_weight: bool = False,
+        block_rows: int | None = None,
+    ) -> CodebookQuantLinear:
+        """Pack ``q`` into a new module (see :meth:`UniformQuantLinear.from_quantized`)."""
+        out_f, in_f = q.shape
+        if tuple(q.codebook.shape) != (out_f, 2**q.bits):
+            raise ValueError(f"codebook has shape {tuple(q.codebook.shape)}, expected ({out_f}, {2**q.bits})")
+        if bias is not None and tuple(bias.shape) != (out_f,):
+            raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({out_f},)")
+        n_out = q.n_outliers
+        bias_dtype = dtype or (bias.dtype if bias is not None else torch.float32)
+        m = cls(
+            in_f,
+            out_f,
+            bits=q.bits,
+            n_outliers=n_out,
+            bias=bias is not None,
+            dtype=bias_dtype,
+            method=method,
+            cache_weight=cache_weight,
+            block_rows=block_rows,
+            device=q.codes.device,
+        )
+        with torch.no_grad():
+            m.qweight.copy_(pack_codes(q.codes, q.bits))
+            m.codebook.copy_(q.codebook.to(torch.float32))
+            if n_out:
+                m.outlier_rows.copy_(q.outlier_rows.reshape(-1).to(torch.int32))
+                m.outlier_cols.copy_(q.outlier_cols.reshape(-1).to(torch.int32))
+                m.outlier_vals.copy_(q.outlier_vals.reshape(-1).to(torch.float32))
+            if bias is not None:
+                m.bias.copy_(bias.detach())
+        return m
+
+    def to_quantized(self) -> CodebookQuantized:
+        """The :class:`CodebookQuantized` this module holds (tensors are copies)."""
+        has = self.n_outliers > 0
+        return CodebookQuantized(
+            codes=unpack_codes(self.qweight, self.bits, self.in_features),
+            codebook=self.codebook.detach().clone(),
+            bits=self.bits,
+            outlier_rows=self.outlier_rows.detach().clone() if has else None,
+            outlier_cols=self.outlier_cols.detach().clone() if has else None,
+            outlier_vals=self.outlier_vals.detach().clone() if has else None,
+        )
+
+    def _weight_tensors(self) -> list[torch.Tensor]:
+        return [
+            t for t in (self.qweight, self.codebook, self.outlier_rows, self.outlier_cols, self.outlier_vals)
+            if t is not None
+        ]
+
+    def _outliers(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        if not self.n_outliers:
+            return None
+        at = _codes_at(self.qweight, self.bits, self.outlier_rows, self.outlier_cols)
+        return (self.outlier_rows, self.outlier_cols, self.outlier_vals, at)
+
+    def dequantize_weight(self) -> torch.Tensor:
+        """The float32 ``(out, in)`` weight (equal to ``to_quantized().dequantize()``)."""
+        w = torch.gather(self.codebook.to(torch.float32), 1, _unpack_rows(self.qweight, self.bits, self.in_features))
+        if self.n_outliers:
+            w[self.outlier_rows.long(), self.outlier_cols.long()] = self.outlier_vals.to(torch.float32)
+        return w
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cache_weight:
+            bias = None if self.bias is None else self.bias.to(x.dtype)
+            return F.linear(x, self._cached_weight(x.dtype, x.device), bias)
+        return _codebook_matmul(
+            x,
+            lambda r0, r1: _unpack_rows(self.qweight[r0:r1], self.bits, self.in_features),
+            self.codebook,
+            self.in_features,
+            outliers=self._outliers(),
+            bias=self.bias,
+            method=self.method,
+            block_rows=self.block_rows,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
+            f"n_outliers={self.n_outliers}, bias={self.bias is not None}, method={self.method}"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def is_quant_linear(module: nn.Module) -> bool:
+    """Whether ``module`` is one of lmforge's quantized linear layers."""
+    return isinstance(module, (UniformQuantLinear, CodebookQuantLinear))
+
+
+def _is_conv1d(module: nn.Module) -> bool:
+    try:
+        from transformers.pytorch_utils import Conv1D
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return False
+    return isinstance(module, Conv1D)
+
+
+def _linear_shape(module: nn.Module) -> tuple[int, int] | None:
+    """``(in, out)`` of a ``nn.Linear``, GPT-2 ``Conv1D`` (weight stored ``(in, out)``) or quant layer."""
+    if isinstance(module, nn.Linear):
+        return module.in_features, module.out_features
+    if _is_conv1d(module):
+        return int(module.weight.shape[0]), int(module.weight.shape[1])
+    if is_quant_linear(module):
+        return module.in_features, module.out_features
+    return None
+
+
+def weight_bytes(module: nn.Module) -> int:
+    """Bytes of the tensors that hold the weight of ``module``'s linear layers (bias excluded).
+
+    A quantized layer counts its packed codes, scales/zeros/``g_idx`` or codebook and outliers; a
+    ``nn.Linear``/``Conv1D`` counts its ``weight``. Any other module sums over its linear layers (so
+    ``weight_bytes(model)`` is the linear-weight footprint of a whole model).
+    """
+    if is_quant_linear(module):
+        return sum(t.numel() * t.element_size() for t in module._weight_tensors())
+    if isinstance(module, nn.Linear) or _is_conv1d(module):
+        return module.weight.numel() * module.weight.element_size()
+    return sum(
+        weight_bytes(sub)
+        for name, sub in module.named_modules()
+        if name and (is_quant_linear(sub) or isinstance(sub, nn.Linear) or _is_conv1d(sub))
+    )
+
+
+def swap_linear(model: nn.Module, name: str, new_module: nn.Module) -> nn.Module:
+    """Replace the linear layer at dotted ``name`` in ``model`` by ``new_module``; return the old one.
+
+    Works for ``nn.Linear``, GPT-2 ``Conv1D`` (which stores its weight as ``(in, out)`` but computes the
+    same ``y = x W^T + b``) and an already swapped quantized layer. ``new_module.source_type`` records
+    the class of the original layer ("Linear", "Conv1D"), which exporters need. ``new_module`` is used
+    as given (its device is the caller's choice).
+
+    Raises:
+        UserError: ``name`` names no module, or one that is not a linear layer.
+        ValueError: ``new_module`` has a different shape.
+    """
+    if not name:
+        raise UserError("swap_linear needs a module name, got an empty one")
+    try:
+        old = model.get_submodule(name)
+    except AttributeError:
+        raise UserError(f"model has no module named '{name}'") from None
+    old_shape = _linear_shape(old)
+    if old_shape is None:
+        raise UserError(f"module '{name}' is a {type(old).__name__}, not a linear layer")
+    new_shape = _linear_shape(new_module)
+    if new_shape is not None and new_shape != old_shape:
+        raise ValueError(
+            f"'{name}' is ({old_shape[1]} out, {old_shape[0]} in) but the new module is "
+            f"({new_shape[1]} out, {new_shape[0]} in)"
+        )
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    if is_quant_linear(new_module):
+        source = getattr(old, "source_type", None) if is_quant_linear(old) else type(old).__name__
+        new_module.source_type = source
+    setattr(parent, child, new_module)
+    return old
