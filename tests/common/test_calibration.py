@@ -60,8 +60,13 @@ def final_norm(model, family):
 # HessianAccumulator
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
-def test_hessian_equals_closed_form_and_drops_masked_rows(dtype, tol):
+@pytest.mark.parametrize(
+    "dtype,tol,in_dtype",
+    # float64 accumulation of float32 activations: each batch's X^T X in float32, the running sum in
+    # float64; float64 activations stay float64 throughout.
+    [(torch.float64, 1e-6, torch.float32), (torch.float64, 1e-12, torch.float64), (torch.float32, 1e-5, torch.float32)],
+)
+def test_hessian_equals_closed_form_and_drops_masked_rows(dtype, tol, in_dtype):
     g = torch.Generator().manual_seed(0)
     acc = HessianAccumulator(8, dtype=dtype)
     kept = []
@@ -71,8 +76,8 @@ def test_hessian_equals_closed_form_and_drops_masked_rows(dtype, tol):
         mask.view(-1)[0] = 1
         x_poisoned = x.clone()
         x_poisoned[mask == 0] = 1e6  # would dominate H if masked rows leaked in
-        acc.add_batch(x_poisoned.to(torch.float32), mask)
-        kept.append(x[mask == 1].to(torch.float32).double())
+        acc.add_batch(x_poisoned.to(in_dtype), mask)
+        kept.append(x[mask == 1].to(in_dtype).double())
     X = torch.cat(kept)
     expected = 2.0 / X.shape[0] * X.T @ X
     assert acc.n_samples == X.shape[0]
@@ -250,3 +255,21 @@ def test_gpt2_conv1d_treated_as_linear(models, tokenizer):
         accumulate_linear_stats(layer, inputs, names=["attn.q_proj"])
     # The hooks are gone afterwards.
     assert all(not m._forward_hooks for m in linear_modules(layer).values())
+
+
+def test_shared_inputs_share_one_accumulator(models, tokenizer):
+    model = models["llama"]
+    batches = calib_batches(len(tokenizer))
+    for i, layer, inputs in iterate_layers(model, batches):
+        plain = accumulate_linear_stats(layer, inputs, dtype=torch.float64)
+        shared = accumulate_linear_stats(layer, inputs, dtype=torch.float64, share_inputs=True)
+        # q/k/v read the same normed tensor, gate/up another: one accumulator each.
+        assert shared["self_attn.q_proj"] is shared["self_attn.k_proj"] is shared["self_attn.v_proj"]
+        assert shared["mlp.gate_proj"] is shared["mlp.up_proj"]
+        assert shared["self_attn.o_proj"] is not shared["self_attn.q_proj"]
+        assert shared["mlp.down_proj"] is not shared["mlp.gate_proj"]
+        assert len({id(a) for a in shared.values()}) == 4
+        for name in plain:
+            assert shared[name].n_samples == plain[name].n_samples
+            torch.testing.assert_close(shared[name].hessian, plain[name].hessian)
+        break

@@ -175,3 +175,20 @@ def test_bad_pruning_configs(kwargs):
 def test_bad_bits(bits):
     with pytest.raises(UserError):
         GPTQConfig(bits=bits)
+
+
+def test_factor_cache_shares_one_factorization_per_hessian():
+    from lmforge.common.quant import FactorCache, factor_hessian
+
+    W, H = correlated_layer(seed=5)
+    cache = FactorCache()
+    f1 = cache.get(H, 0.01)
+    assert cache.get(H, 0.01) is f1
+    assert cache.get(H.clone(), 0.01) is not f1  # another tensor, another entry
+    assert cache.get(H, 0.1) is not f1
+    torch.testing.assert_close(f1.U, factor_hessian(H, 0.01).U)
+    # Quantizing with the cached factor is the same as without it.
+    cfg = GPTQConfig(bits=4, group_size=32, act_order=True)
+    a = gptq_quantize(W, H, cfg).dequantize()
+    b = gptq_quantize(W, H, cfg, factor=cache.get(H, 0.01, True)).dequantize()
+    assert torch.equal(a, b)

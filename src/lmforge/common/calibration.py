@@ -47,6 +47,7 @@ __all__ = [
     "accumulate_linear_stats",
     "capture_layer_inputs",
     "get_decoder_layers",
+    "is_conv1d",
     "iterate_layers",
     "linear_modules",
 ]
@@ -95,7 +96,8 @@ def _layer_kinds(model: nn.Module, n_layers: int) -> list[str]:
     return ["default"] * n_layers
 
 
-def _is_conv1d(module: nn.Module) -> bool:
+def is_conv1d(module: nn.Module) -> bool:
+    """Whether ``module`` is GPT-2's ``Conv1D`` (a linear layer with an ``(in, out)`` weight)."""
     try:
         from transformers.pytorch_utils import Conv1D
     except ImportError:  # pragma: no cover - transformers is a dependency
@@ -108,7 +110,7 @@ def linear_modules(module: nn.Module) -> dict[str, nn.Module]:
     return {
         name: sub
         for name, sub in module.named_modules()
-        if name and (isinstance(sub, nn.Linear) or _is_conv1d(sub))
+        if name and (isinstance(sub, nn.Linear) or is_conv1d(sub))
     }
 
 
@@ -117,7 +119,7 @@ def in_features(module: nn.Module) -> int:
     GPT-2's ``Conv1D`` (whose weight is stored as ``(in, out)``)."""
     if isinstance(module, nn.Linear):
         return module.in_features
-    if _is_conv1d(module):
+    if is_conv1d(module):
         return int(module.weight.shape[0])
     raise TypeError(f"{type(module).__name__} is not a linear module")
 
@@ -384,7 +386,8 @@ class HessianAccumulator:
 
     By induction ``H = (2 / N) * sum_i x_i x_i^T = (2 / N) X_all^T X_all`` after any number of batches,
     the Hessian of the layer-wise squared error ``||W X^T - W' X^T||^2 / N`` with respect to a weight
-    row. ``H`` is kept in ``dtype`` (float32 by default, float64 for extra accuracy).
+    row. ``H`` is kept in ``dtype`` (float32 by default, float64 for extra accuracy). With float64 and float32
+    activations, each batch's ``X^T X`` is computed in float32 and added to the float64 sum.
     """
 
     def __init__(
@@ -427,12 +430,17 @@ class HessianAccumulator:
         if m == 0:
             return
         H = self._ensure(rows.device)
-        rows = rows.to(device=H.device, dtype=self.dtype)
         n = self.n_samples
         H.mul_(n / (n + m))
         self.n_samples = n + m
-        rows = rows * math.sqrt(2.0 / self.n_samples)
-        H.addmm_(rows.t(), rows)
+        if self.dtype == torch.float64 and rows.dtype in (torch.float32, torch.bfloat16, torch.float16):
+            # The batch's own X^T X is a short sum, computed in float32 (half the time of float64 on
+            # CPU); the running sum over many batches, where round-off accumulates, is float64.
+            rows = rows.to(device=H.device, dtype=torch.float32) * math.sqrt(2.0 / self.n_samples)
+            H.add_((rows.t() @ rows).to(torch.float64))
+        else:
+            rows = rows.to(device=H.device, dtype=self.dtype) * math.sqrt(2.0 / self.n_samples)
+            H.addmm_(rows.t(), rows)
 
     @property
     def hessian(self) -> torch.Tensor:
@@ -448,6 +456,7 @@ def accumulate_linear_stats(
     names: Sequence[str] | None = None,
     *,
     dtype: torch.dtype = torch.float32,
+    share_inputs: bool = False,
 ) -> dict[str, HessianAccumulator]:
     """Run ``layer_module`` on ``layer_inputs`` and accumulate the input Hessian of its linear modules.
 
@@ -461,6 +470,8 @@ def accumulate_linear_stats(
         names: linear module names relative to the layer (e.g. ``"self_attn.q_proj"``, ``"mlp.c_fc"``);
             all linear modules when None.
         dtype: accumulation dtype, float32 or float64.
+        share_inputs: modules called on the very same input tensor (q/k/v, gate/up) share one
+            accumulator (the same object under each name): one ``X^T X`` instead of three.
 
     Returns:
         ``{name: accumulator}`` in module order.
@@ -475,10 +486,21 @@ def accumulate_linear_stats(
         selected = {n: found[n] for n in found if n in set(names)}
     stats = {name: HessianAccumulator(in_features(mod), dtype=dtype) for name, mod in selected.items()}
     current: dict[str, torch.Tensor | None] = {"mask": None}
+    # id(input) -> (input, accumulator) within one batch; holding the tensor keeps its id from being
+    # reused by a later input of the same batch.
+    seen: dict[int, tuple[torch.Tensor, HessianAccumulator]] = {}
 
     def make_hook(name: str):
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             x = args[0]
+            if share_inputs:
+                hit = seen.get(id(x))
+                if hit is not None and hit[0] is x:
+                    if stats[name] is not hit[1] and stats[name].n_samples == 0:
+                        stats[name] = hit[1]
+                    if stats[name] is hit[1]:
+                        return
+                seen[id(x)] = (x, stats[name])
             mask = current["mask"]
             if mask is not None and tuple(mask.shape) != tuple(x.shape[:-1]):
                 mask = None  # the module saw a reshaped input (not token-aligned); keep every row
@@ -492,8 +514,10 @@ def accumulate_linear_stats(
             for b in range(len(layer_inputs)):
                 masks = layer_inputs.padding_masks
                 current["mask"] = masks[b] if b < len(masks) else None
+                seen.clear()
                 layer_inputs.run(layer_module, b)
     finally:
+        seen.clear()
         for h in handles:
             h.remove()
     return stats

@@ -29,9 +29,8 @@ import torch
 from torch import nn
 
 from lmforge.common.calibration import (
-    HessianAccumulator,
-    LayerInputs,
-    _is_conv1d,
+    accumulate_linear_stats,
+    is_conv1d,
     get_decoder_layers,
     iterate_layers,
     linear_modules,
@@ -46,8 +45,8 @@ __all__ = [
     "check_compressible",
     "compress_linears",
     "get_weight",
+    "layers_prefix",
     "set_weight",
-    "shared_input_hessians",
 ]
 
 Quantized = UniformQuantized | CodebookQuantized
@@ -112,14 +111,14 @@ def get_weight(module: nn.Module) -> torch.Tensor:
     """A float32 copy of the ``(out, in)`` weight of a linear module (GPT-2 ``Conv1D`` stores it
     transposed)."""
     w = module.weight.detach()
-    return (w.t() if _is_conv1d(module) else w).float().clone()
+    return (w.t() if is_conv1d(module) else w).float().clone()
 
 
 @torch.no_grad()
 def set_weight(module: nn.Module, w: torch.Tensor) -> None:
     """Write an ``(out, in)`` weight into a linear module in its own layout and dtype."""
     target = module.weight
-    target.copy_((w.t() if _is_conv1d(module) else w).to(dtype=target.dtype, device=target.device))
+    target.copy_((w.t() if is_conv1d(module) else w).to(dtype=target.dtype, device=target.device))
 
 
 def check_compressible(model: nn.Module, skip: Iterable[str] = ()) -> dict[str, list[str]]:
@@ -129,7 +128,7 @@ def check_compressible(model: nn.Module, skip: Iterable[str] = ()) -> dict[str, 
         layers = get_decoder_layers(model)
     except UserError as exc:
         raise UserError(f"the model has no linear layers to compress: {exc}") from None
-    prefix = _layers_prefix(model, layers)
+    prefix = layers_prefix(model, layers)
     found = {}
     for i, layer in enumerate(layers):
         names = [n for n in linear_modules(layer) if not any(s in f"{prefix}.{i}.{n}" for s in skip)]
@@ -139,56 +138,12 @@ def check_compressible(model: nn.Module, skip: Iterable[str] = ()) -> dict[str, 
     return found
 
 
-def _layers_prefix(model: nn.Module, layers: nn.ModuleList) -> str:
+def layers_prefix(model: nn.Module, layers: nn.ModuleList) -> str:
+    """The dotted name of the decoder-layer list inside ``model`` (e.g. ``"model.layers"``)."""
     for name, mod in model.named_modules():
         if mod is layers:
             return name
     return "layers"
-
-
-def shared_input_hessians(
-    layer: nn.Module, inputs: LayerInputs, names: list[str], dtype: torch.dtype
-) -> dict[str, HessianAccumulator]:
-    """Run ``layer`` on its calibration inputs and accumulate the input Hessian of each module in
-    ``names``; modules fed the very same input tensor (q/k/v, gate/up) share one accumulator."""
-    modules = linear_modules(layer)
-    shared: dict[str, HessianAccumulator] = {}
-    seen: dict[int, tuple[torch.Tensor, HessianAccumulator]] = {}
-    current: dict[str, Any] = {"mask": None}
-
-    def make_hook(name: str):
-        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            x = args[0]
-            hit = seen.get(id(x))
-            acc = hit[1] if hit is not None and hit[0] is x else None
-            if acc is None:
-                acc = shared.get(name)
-                if acc is None:
-                    acc = HessianAccumulator(x.shape[-1], dtype=dtype)
-                mask = current["mask"]
-                if mask is not None and tuple(mask.shape) != tuple(x.shape[:-1]):
-                    mask = None
-                acc.add_batch(x, mask)
-                # The tensor is kept alive until the batch ends, so its id cannot be reused by a
-                # later input (e.g. the MLP's) within the batch.
-                seen[id(x)] = (x, acc)
-            shared[name] = acc
-
-        return hook
-
-    handles = [modules[n].register_forward_hook(make_hook(n)) for n in names]
-    try:
-        with torch.no_grad():
-            for b in range(len(inputs)):
-                # Ids are only meaningful while this batch's tensors are alive.
-                seen.clear()
-                masks = inputs.padding_masks
-                current["mask"] = masks[b] if b < len(masks) else None
-                inputs.run(layer, b)
-    finally:
-        for h in handles:
-            h.remove()
-    return shared
 
 
 LinearFn = Callable[[str, torch.Tensor, torch.Tensor], LinearResult]
@@ -233,7 +188,7 @@ def compress_linears(
         names = plan[prefixes[i]]
         if not names:
             continue
-        hessians = shared_input_hessians(layer, inputs, names, hessian_dtype)
+        hessians = accumulate_linear_stats(layer, inputs, names, dtype=hessian_dtype, share_inputs=True)
         modules = linear_modules(layer)
         for name in names:
             full = f"{prefixes[i]}.{name}"

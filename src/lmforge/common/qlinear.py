@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.common.errors import UserError
+from lmforge.common.calibration import is_conv1d as _is_conv1d
 from lmforge.common.quant import (
     CodebookQuantized,
     UniformQuantized,
@@ -688,14 +689,6 @@ class CodebookQuantLinear(_QuantLinearBase):
 def is_quant_linear(module: nn.Module) -> bool:
     """Whether ``module`` is one of lmforge's quantized linear layers."""
     return isinstance(module, (UniformQuantLinear, CodebookQuantLinear))
-
-
-def _is_conv1d(module: nn.Module) -> bool:
-    try:
-        from transformers.pytorch_utils import Conv1D
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        return False
-    return isinstance(module, Conv1D)
 
 
 def _linear_shape(module: nn.Module) -> tuple[int, int] | None:

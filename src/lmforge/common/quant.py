@@ -222,10 +222,12 @@ def relative_output_error(w: torch.Tensor, w_hat: torch.Tensor, H: torch.Tensor)
     ``||A X^T||_F^2 = tr(A X^T X A^T)``, so any positive multiple of ``X^T X`` (such as the GPTQ
     Hessian ``2/N X^T X``) gives the same ratio.
     """
-    H = H.double()
-    d = (w.double() - w_hat.double())
-    num = torch.einsum("ij,jk,ik->", d, H, d)
-    den = torch.einsum("ij,jk,ik->", w.double(), H, w.double())
+    # float32 products (an O(m n^2) cost like the quantizer's own), float64 sums.
+    Hf = H.float()
+    w = w.float()
+    d = w - w_hat.float()
+    num = ((d @ Hf) * d).double().sum()
+    den = ((w @ Hf) * w).double().sum()
     if den <= 0:
         return 0.0 if num <= 0 else float("inf")
     return float(torch.sqrt(torch.clamp(num, min=0) / den))
@@ -283,13 +285,45 @@ def damped_inverse_cholesky(H: torch.Tensor, damp: float) -> torch.Tensor:
     raise RuntimeError("the calibration Hessian is not positive definite even after dampening")
 
 
-def prepare_hessian(W: torch.Tensor, H: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """GPTQ's dead-column handling: columns whose input was always 0 (``H_jj = 0``) get ``H_jj = 1``
-    and their weights set to 0 (they never contribute to the output). Returns ``(W, H, dead)`` copies
-    (W float32, H float64)."""
-    W = W.detach().float().clone()
+@dataclass
+class HessianFactor:
+    """What GPTQ and SparseGPT need from ``H``, computed once per Hessian (q/k/v share one).
+
+    Attributes:
+        U: upper Cholesky factor of the damped ``H^-1`` in sweep order, float32.
+        dead: ``(in,)`` bool, inputs that were always 0 (their weights are set to 0).
+        perm: act-order permutation of the columns (decreasing ``diag(H)``), or None.
+    """
+
+    U: torch.Tensor
+    dead: torch.Tensor
+    perm: torch.Tensor | None = None
+
+
+def factor_hessian(H: torch.Tensor, damp: float, act_order: bool = False) -> HessianFactor:
+    """Dead-column handling, optional act-order permutation and the damped inverse Cholesky factor."""
     H = H.detach().double().clone()
     dead = torch.diagonal(H) == 0
     H[dead, dead] = 1.0
-    W[:, dead] = 0.0
-    return W, H, dead
+    perm = None
+    if act_order:
+        perm = torch.argsort(torch.diagonal(H), descending=True)
+        H = H[perm][:, perm]
+    return HessianFactor(U=damped_inverse_cholesky(H, damp).float(), dead=dead, perm=perm)
+
+
+class FactorCache:
+    """Per-layer memo of :func:`factor_hessian` keyed by the Hessian tensor object: modules that share
+    one accumulator (q/k/v, gate/up) share one factorization. Holds its tensors, so ids stay unique."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[torch.Tensor, float, bool, HessianFactor]] = []
+
+    def get(self, H: torch.Tensor, damp: float, act_order: bool = False) -> HessianFactor:
+        for h, d, a, f in self._items:
+            if h is H and d == damp and a == act_order:
+                return f
+        f = factor_hessian(H, damp, act_order)
+        # Only the last few Hessians are ever reused (the modules of one decoder layer).
+        self._items = self._items[-3:] + [(H, damp, act_order, f)]
+        return f

@@ -26,17 +26,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from lmforge.common.calibration import iterate_layers, linear_modules
+from lmforge.common.calibration import (
+    accumulate_linear_stats,
+    get_decoder_layers,
+    is_conv1d,
+    iterate_layers,
+    linear_modules,
+)
 from lmforge.common.compress import (
     CompressionResult,
     LayerRecord,
     check_compressible,
     get_weight,
     set_weight,
-    shared_input_hessians,
-    _layers_prefix,
+    layers_prefix,
 )
-from lmforge.common.calibration import _is_conv1d, get_decoder_layers
 from lmforge.common.errors import UserError
 from lmforge.common.quant import relative_output_error
 from lmforge.methods.awq.config import AWQConfig
@@ -67,7 +71,7 @@ def _get(module: nn.Module, path: str) -> nn.Module | None:
 def _can_take_scale(prev: nn.Module, fcs: list[nn.Module]) -> bool:
     """Whether ``prev``'s output channels can absorb ``1/s`` for the inputs of ``fcs``."""
     n_in = get_weight(fcs[0]).shape[1]
-    if isinstance(prev, nn.Linear) or _is_conv1d(prev):
+    if isinstance(prev, nn.Linear) or is_conv1d(prev):
         return get_weight(prev).shape[0] == n_in
     name = type(prev).__name__
     if "Gemma" in name:
@@ -97,7 +101,7 @@ def scale_groups(layer: nn.Module) -> list[tuple[str, tuple[str, ...], str]]:
 @torch.no_grad()
 def _fold(prev: nn.Module, fcs: list[nn.Module], s: torch.Tensor) -> None:
     """``prev`` output /= s, ``fc`` input columns *= s: the layer computes the same function."""
-    if isinstance(prev, nn.Linear) or _is_conv1d(prev):
+    if isinstance(prev, nn.Linear) or is_conv1d(prev):
         set_weight(prev, get_weight(prev) / s[:, None])
     else:
         prev.weight.div_(s.to(prev.weight.dtype))
@@ -145,7 +149,7 @@ def apply_awq(model: nn.Module, calib_batches: list[Any], cfg: AWQConfig, *, pro
         raise UserError("the calibration set is empty")
     plan = check_compressible(model)
     layers = get_decoder_layers(model)
-    prefix = _layers_prefix(model, layers)
+    prefix = layers_prefix(model, layers)
     result = CompressionResult(method="awq", config=asdict(cfg))
     pending: dict[str, tuple[nn.Module, torch.Tensor]] = {}
     start = time.perf_counter()
@@ -157,7 +161,7 @@ def apply_awq(model: nn.Module, calib_batches: list[Any], cfg: AWQConfig, *, pro
             continue
         modules = linear_modules(layer)
         W0 = {n: get_weight(modules[n]) for n in names}
-        H = {n: h.hessian for n, h in shared_input_hessians(layer, inputs, names, torch.float64).items()}
+        H = {n: h.hessian for n, h in accumulate_linear_stats(layer, inputs, names, dtype=torch.float64, share_inputs=True).items()}
         groups = [g for g in scale_groups(layer) if all(f in names for f in g[1])]
         calls = _capture(layer, inputs, groups)
         in_scale = {n: torch.ones(W0[n].shape[1]) for n in names}

@@ -8,6 +8,7 @@ from typing import Any
 from torch import nn
 
 from lmforge.common.compress import CompressionResult, LinearResult, compress_linears
+from lmforge.common.quant import FactorCache
 from lmforge.methods.gptq.config import GPTQConfig
 from lmforge.methods.gptq.core import gptq_quantize
 
@@ -15,8 +16,10 @@ from lmforge.methods.gptq.core import gptq_quantize
 def apply_gptq(model: nn.Module, calib_batches: list[Any], cfg: GPTQConfig, *, progress: bool = True) -> CompressionResult:
     """Quantize every decoder linear of ``model`` in place (weights end fake-quantized)."""
 
+    cache = FactorCache()
+
     def fn(name, W, H):
-        q = gptq_quantize(W, H, cfg)
+        q = gptq_quantize(W, H, cfg, factor=cache.get(H, cfg.damp, cfg.act_order))
         return LinearResult(weight=q.dequantize(), quantized=q)
 
     return compress_linears(model, calib_batches, fn, method="gptq", config=asdict(cfg), progress=progress)

@@ -20,9 +20,9 @@ import math
 import torch
 
 from lmforge.common.quant import (
+    HessianFactor,
     UniformQuantized,
-    damped_inverse_cholesky,
-    prepare_hessian,
+    factor_hessian,
     quantize_codes,
     uniform_qparams,
 )
@@ -32,23 +32,28 @@ __all__ = ["gptq_quantize"]
 
 
 @torch.no_grad()
-def gptq_quantize(W: torch.Tensor, H: torch.Tensor, cfg: GPTQConfig) -> UniformQuantized:
+def gptq_quantize(
+    W: torch.Tensor, H: torch.Tensor, cfg: GPTQConfig, *, factor: HessianFactor | None = None
+) -> UniformQuantized:
     """Quantize ``W`` (out x in) given the input Hessian ``H`` (in x in).
+
+    ``factor`` is :func:`factor_hessian` of ``H`` with ``cfg.damp`` and ``cfg.act_order``, when the
+    caller already has it (modules sharing one input share it).
 
     Returns:
         A :class:`UniformQuantized` whose ``dequantize()`` is the GPTQ weight, codes in the original
         column order (``g_idx`` set under act-order with groups).
     """
     out_f, n = W.shape
-    W, H, _ = prepare_hessian(W, H)
+    if factor is None:
+        factor = factor_hessian(H, cfg.damp, cfg.act_order)
+    W = W.detach().float().clone()
+    W[:, factor.dead] = 0.0  # inputs that were always 0: the weight never mattered
     gs = cfg.group_size if 0 < cfg.group_size < n else 0
-
-    perm = None
-    if cfg.act_order:
-        perm = torch.argsort(torch.diagonal(H), descending=True)
+    perm = factor.perm
+    if perm is not None:
         W = W[:, perm]
-        H = H[perm][:, perm]
-    U = damped_inverse_cholesky(H, cfg.damp).to(W.dtype)
+    U = factor.U
 
     n_groups = math.ceil(n / gs) if gs else 1
     scales = torch.empty(out_f, n_groups)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from lmforge.common.quant import damped_inverse_cholesky, prepare_hessian
+from lmforge.common.quant import HessianFactor, factor_hessian
 from lmforge.common.sparsity import NMPattern, layer_mask, nm_mask, parse_pattern
 from lmforge.methods.sparsegpt.config import SparseGPTConfig
 
@@ -23,8 +23,12 @@ __all__ = ["sparsegpt_prune"]
 
 
 @torch.no_grad()
-def sparsegpt_prune(W: torch.Tensor, H: torch.Tensor, cfg: SparseGPTConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def sparsegpt_prune(
+    W: torch.Tensor, H: torch.Tensor, cfg: SparseGPTConfig, *, factor: HessianFactor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Prune ``W`` (out x in) with OBS updates given the input Hessian ``H``.
+
+    ``factor`` is :func:`factor_hessian` of ``H`` with ``cfg.damp``, when the caller already has it.
 
     Returns:
         ``(W_pruned, mask)``: the updated weight (float32, exact zeros where ``mask``) and the boolean
@@ -32,8 +36,11 @@ def sparsegpt_prune(W: torch.Tensor, H: torch.Tensor, cfg: SparseGPTConfig) -> t
     """
     pattern: NMPattern | None = parse_pattern(cfg.pattern)
     out_f, n = W.shape
-    W, H, _ = prepare_hessian(W, H)
-    U = damped_inverse_cholesky(H, cfg.damp).to(W.dtype)
+    if factor is None:
+        factor = factor_hessian(H, cfg.damp)
+    W = W.detach().float().clone()
+    W[:, factor.dead] = 0.0
+    U = factor.U
     mask = torch.zeros_like(W, dtype=torch.bool)
     bs = cfg.block_size
     if pattern is not None and bs % pattern.m:
