@@ -157,7 +157,7 @@ def generate_cmd(
 @app.command("perplexity")
 def perplexity_cmd(
     model: ModelArg,
-    text_file: Annotated[Path, typer.Argument(help="A UTF-8 text file (one document per blank-line-separated block).")],
+    text_file: Annotated[Path, typer.Argument(help="A UTF-8 text file (one document per blank-line-separated block), or .jsonl/.json with a 'text' field.")],
     max_length: Annotated[int | None, typer.Option(help="Window length (default: the model's context).")] = None,
     stride: Annotated[int | None, typer.Option(help="Window stride (default: half the window).")] = None,
     allow_pickle: PickleOpt = False,
@@ -168,17 +168,9 @@ def perplexity_cmd(
     from lmforge.common.scoring import perplexity
     from lmforge.models import load
 
-    if not text_file.exists():
-        raise UserError(f"text file '{text_file}' does not exist")
-    if not text_file.is_file():
-        raise UserError(f"'{text_file}' is not a file")
-    try:
-        raw = text_file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read '{text_file}' as UTF-8 text: {exc}") from exc
-    docs = [d.strip() for d in raw.split("\n\n") if d.strip()]
-    if not docs:
-        raise UserError(f"text file '{text_file}' is empty")
+    from lmforge.data.calibration import read_texts
+
+    docs = read_texts(text_file)
     lm, tok = load(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
     res = perplexity(lm, tok, docs, max_length=max_length, stride=stride)
     payload = {"model": model, "file": str(text_file), "ppl": res.ppl, "nll_sum": res.nll_sum,
@@ -187,6 +179,63 @@ def perplexity_cmd(
         _emit_json(payload)
     else:
         typer.echo(f"perplexity {res.ppl:.3f} over {res.n_tokens} tokens")
+
+
+@app.command("compress")
+def compress_cmd(
+    method: Annotated[str, typer.Argument(help="rtn | gptq | awq | ganq (quantize); magnitude | wanda | sparsegpt (prune).")],
+    model: Annotated[str, typer.Option("--model", "-m", help="A local Hugging Face model folder, or zoo:NAME.")],
+    out: Annotated[Path | None, typer.Option(help="Output model folder (with compression.json). Omit to only measure.")] = None,
+    bits: Annotated[int | None, typer.Option(help="Quantizers: code width, 2..8.")] = None,
+    group_size: Annotated[int | None, typer.Option(help="Quantizers: columns per scale group; 0 = per-channel.")] = None,
+    sparsity: Annotated[float | None, typer.Option(help="Pruners: fraction of weights set to zero, in [0, 1).")] = None,
+    pattern: Annotated[str | None, typer.Option(help="Pruners: N:M, N of every M consecutive input weights pruned (e.g. 2:4).")] = None,
+    calib_samples: Annotated[int, typer.Option(help="Calibration windows.")] = 128,
+    seq_len: Annotated[int | None, typer.Option(help="Tokens per calibration window (default: min(2048, model context)).")] = None,
+    calib_file: Annotated[Path | None, typer.Option(help="Calibration text: .jsonl with a 'text' field (C4 style), .json, or plain text. Default: lmforge's built-in zoo mixture.")] = None,
+    eval_file: Annotated[Path | None, typer.Option(help="Held-out text for ppl_before/ppl_after (e.g. WikiText-2 raw). Default: held-out zoo-mixture answers.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the calibration windows.")] = 0,
+    recipe: Annotated[Path | None, typer.Option(help="YAML file of method settings.")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Method setting key=value (e.g. act_order=true); repeatable.")] = None,
+    no_ppl: Annotated[bool, typer.Option("--no-ppl", help="Skip the perplexity before/after.")] = False,
+    export_compressed_tensors: Annotated[Path | None, typer.Option("--export-compressed-tensors", help="Also write a compressed-tensors checkpoint (vLLM) here, where the format allows.")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace existing output folders.")] = False,
+    allow_pickle: PickleOpt = False,
+    trust_remote_code: RemoteOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Quantize or prune a model layer by layer on calibration data; save it and compression.json.
+
+    compression.json holds the per-layer relative output error ||WX-W'X||/||WX|| on the calibration
+    inputs, the time, the stored bytes of the compressed linears, and the held-out perplexity before
+    and after. Quantized models are saved with packed codes and load back with lmforge's loader.
+    """
+    from lmforge.compression import CompressionJob, make_config, run_compression
+
+    flags = {"bits": bits, "group_size": group_size, "sparsity": sparsity, "pattern": pattern}
+    cfg = make_config(method, recipe=recipe, overrides=set_ or [], flags=flags)
+    job = CompressionJob(
+        method=method, model=model, out=None if out is None else str(out), config=cfg,
+        calib_samples=calib_samples, seq_len=seq_len,
+        calib_file=None if calib_file is None else str(calib_file),
+        eval_file=None if eval_file is None else str(eval_file),
+        seed=seed, measure_ppl=not no_ppl, overwrite=overwrite, allow_pickle=allow_pickle,
+        trust_remote_code=trust_remote_code,
+        export_compressed_tensors=None if export_compressed_tensors is None else str(export_compressed_tensors),
+        progress=os.environ.get("LMFORGE_NO_PROGRESS") != "1",
+    )
+    record = run_compression(job)
+    if as_json:
+        _emit_json(record)
+        return
+    errs = [layer["rel_error"] for layer in record["layers"]]
+    typer.echo(f"{method}: {len(errs)} linear layers in {record['seconds']:.1f} s; "
+               f"rel. output error mean {sum(errs) / len(errs):.4f}, max {max(errs):.4f}")
+    typer.echo(f"compressed linears: {record['bytes'] / 1e6:.2f} MB (fp32 {record['bytes_dense_fp32'] / 1e6:.2f} MB)")
+    if "ppl_before" in record:
+        typer.echo(f"perplexity {record['ppl_before']:.4f} -> {record['ppl_after']:.4f} ({record['ppl_metric']})")
+    if out is not None:
+        typer.echo(f"saved to {out} (compression.json inside)")
 
 
 @app.command("reproduce")

@@ -527,6 +527,7 @@ def save_pruned(
     out_dir: str | os.PathLike[str],
     *,
     sparsity_config: dict[str, Any],
+    extra_files: dict[str, dict[str, Any]] | None = None,
     overwrite: bool = False,
 ) -> Path:
     """Save a pruned model as a normal dense checkpoint with a ``sparsity`` record in config.json.
@@ -538,6 +539,8 @@ def save_pruned(
         sparsity_config: ``{"method", "sparsity", "pattern", "per_layer": {module: sparsity}}``; an
             ``"N:M"`` pattern is checked on the layers named in ``per_layer``. It is also set as
             ``model.config.sparsity``.
+        extra_files: ``{file name: JSON object}`` written next to the checkpoint, inside the same
+            atomic write.
         overwrite: replace an existing ``out_dir``.
 
     Raises:
@@ -552,6 +555,8 @@ def save_pruned(
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
         _save_hf(model, tokenizer, tmp)
         _update_config_json(tmp, {"sparsity": record}, drop_keys=_stale_lmforge_qc(model))
+        for name, obj in (extra_files or {}).items():
+            atomic_write_json(tmp / name, obj)
     # The in-memory model now says what the saved one says (export_compressed_tensors reads it).
     model.config.sparsity = record
     return Path(out_dir)

@@ -1,0 +1,255 @@
+"""``lmforge compress``: one pipeline for every compression method, from a checkpoint to a checkpoint.
+
+load the model -> calibration windows -> held-out perplexity before -> the method's sequential pass ->
+quantized linears swapped for their packed form (the model now runs from packed codes) -> perplexity
+after -> save (packed safetensors + ``quantization_config``, or dense pruned weights + a sparsity
+record) with ``compression.json`` beside the weights.
+
+Held-out perplexity: with ``eval_file`` the sliding-window perplexity of that text (WikiText-style);
+without it, the perplexity of the answer tokens of held-out records of the zoo's mixture (what the
+zoo models are trained on; see :func:`lmforge.data.calibration.builtin_eval_pairs`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from lmforge.common.compress import CompressionResult
+from lmforge.common.errors import UserError
+
+__all__ = ["METHODS", "CompressMethod", "CompressionJob", "heldout_perplexity", "make_config", "pack_model", "run_compression"]
+
+
+@dataclass(frozen=True)
+class CompressMethod:
+    """A compression method the pipeline can run."""
+
+    name: str
+    kind: str  # "quant" or "prune"
+    config_cls: type
+    apply: Callable[..., CompressionResult]
+
+
+def _methods() -> dict[str, CompressMethod]:
+    from lmforge.methods.awq.apply import apply_awq
+    from lmforge.methods.awq.config import AWQConfig
+    from lmforge.methods.ganq.apply import apply_ganq
+    from lmforge.methods.ganq.config import GANQConfig
+    from lmforge.methods.gptq.apply import apply_gptq
+    from lmforge.methods.gptq.config import GPTQConfig
+    from lmforge.methods.magnitude.apply import apply_magnitude
+    from lmforge.methods.magnitude.config import MagnitudeConfig
+    from lmforge.methods.rtn.apply import apply_rtn
+    from lmforge.methods.rtn.config import RTNConfig
+    from lmforge.methods.sparsegpt.apply import apply_sparsegpt
+    from lmforge.methods.sparsegpt.config import SparseGPTConfig
+    from lmforge.methods.wanda.apply import apply_wanda
+    from lmforge.methods.wanda.config import WandaConfig
+
+    return {
+        m.name: m
+        for m in (
+            CompressMethod("rtn", "quant", RTNConfig, apply_rtn),
+            CompressMethod("gptq", "quant", GPTQConfig, apply_gptq),
+            CompressMethod("awq", "quant", AWQConfig, apply_awq),
+            CompressMethod("ganq", "quant", GANQConfig, apply_ganq),
+            CompressMethod("magnitude", "prune", MagnitudeConfig, apply_magnitude),
+            CompressMethod("wanda", "prune", WandaConfig, apply_wanda),
+            CompressMethod("sparsegpt", "prune", SparseGPTConfig, apply_sparsegpt),
+        )
+    }
+
+
+METHOD_NAMES = ("rtn", "gptq", "awq", "ganq", "magnitude", "wanda", "sparsegpt")
+
+
+def get_method(name: str) -> CompressMethod:
+    methods = _methods()
+    if name not in methods:
+        raise UserError(f"unknown compression method {name!r}; choose one of {', '.join(METHOD_NAMES)}")
+    return methods[name]
+
+
+def make_config(
+    method: str,
+    *,
+    recipe: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    flags: dict[str, Any] | None = None,
+) -> Any:
+    """The method's config from a YAML recipe, ``key=value`` overrides and the CLI's common flags
+    (``bits``, ``group_size``, ``sparsity``, ``pattern``); a flag the method has no field for is an
+    error, not silently ignored."""
+    from dataclasses import fields
+
+    from lmforge.config import load_config
+
+    m = get_method(method)
+    names = {f.name for f in fields(m.config_cls)}
+    base = {}
+    for key, value in (flags or {}).items():
+        if value is None:
+            continue
+        if key not in names:
+            opt = "--" + key.replace("_", "-")
+            raise UserError(f"{method} takes no {opt} (its settings: {', '.join(sorted(names))})")
+        base[key] = value
+    return load_config(m.config_cls, recipe, list(overrides), base=base)
+
+
+@torch.no_grad()
+def pack_model(model: nn.Module, result: CompressionResult, dtype: torch.dtype | None = None) -> int:
+    """Swap every quantized linear of ``model`` for its packed module; returns how many were swapped."""
+    from lmforge.common.qlinear import CodebookQuantLinear, UniformQuantLinear, swap_linear
+    from lmforge.common.quant import CodebookQuantized
+
+    modules = dict(model.named_modules())
+    for name, q in result.quantized.items():
+        old = modules[name]
+        bias = getattr(old, "bias", None)
+        cls = CodebookQuantLinear if isinstance(q, CodebookQuantized) else UniformQuantLinear
+        new = cls.from_quantized(q, bias=None if bias is None else bias.detach(), dtype=dtype or old.weight.dtype)
+        swap_linear(model, name, new.to(old.weight.device))
+    return len(result.quantized)
+
+
+def linear_bytes(model: nn.Module, names: list[str]) -> int:
+    """Bytes of the weights of the named (compressed) linear modules, in their stored form."""
+    from lmforge.common.qlinear import weight_bytes
+
+    modules = dict(model.named_modules())
+    return sum(weight_bytes(modules[n]) for n in names)
+
+
+def heldout_perplexity(model: nn.Module, tokenizer: Any, eval_texts: list[str] | None, *, seq_len: int, seed: int = 0) -> tuple[float, str]:
+    """``(perplexity, what was measured)``, see the module docstring."""
+    from lmforge.common.scoring import perplexity, score_continuations
+    from lmforge.data.calibration import builtin_eval_pairs
+
+    if eval_texts is not None:
+        res = perplexity(model, tokenizer, eval_texts, max_length=seq_len)
+        return res.ppl, f"sliding-window perplexity, window {seq_len}"
+    scores = score_continuations(model, tokenizer, builtin_eval_pairs(seed))
+    n = sum(s.n_tokens for s in scores)
+    return math.exp(-sum(s.sum for s in scores) / n), f"answer-token perplexity of {len(scores)} held-out zoo-mixture records"
+
+
+@dataclass
+class CompressionJob:
+    """Everything ``lmforge compress`` needs."""
+
+    method: str
+    model: str
+    out: str | None
+    config: Any
+    calib_samples: int = 128
+    seq_len: int | None = None
+    calib_file: str | None = None
+    eval_file: str | None = None
+    seed: int = 0
+    measure_ppl: bool = True
+    overwrite: bool = False
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+    export_compressed_tensors: str | None = None
+    progress: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def run_compression(job: CompressionJob) -> dict[str, Any]:
+    """Run a job end to end; returns the ``compression.json`` record (also written into ``out``)."""
+    from lmforge.common.io import check_output_dir
+    from lmforge.common.generation import max_positions
+    from lmforge.data.calibration import builtin_texts, read_texts, token_windows
+    from lmforge.models.load import load
+
+    method = get_method(job.method)
+    if job.out is not None:
+        check_output_dir(job.out, job.overwrite)
+    if job.export_compressed_tensors is not None:
+        check_output_dir(job.export_compressed_tensors, job.overwrite)
+    if job.calib_samples < 1:
+        raise UserError(f"the calibration set is empty: --calib-samples must be >= 1, got {job.calib_samples}")
+    calib_texts = read_texts(job.calib_file) if job.calib_file else builtin_texts(job.seed)
+    eval_texts = read_texts(job.eval_file) if job.eval_file else None
+
+    model, tok = load(job.model, allow_pickle=job.allow_pickle, trust_remote_code=job.trust_remote_code, dtype="float32")
+    from lmforge.common.compress import check_compressible
+
+    check_compressible(model)
+    limit = max_positions(model) or 2048
+    seq_len = min(job.seq_len or 2048, limit)
+    calib = token_windows(tok, calib_texts, job.calib_samples, seq_len, job.seed)
+
+    record: dict[str, Any] = {"method": job.method, "model": str(job.model)}
+    if job.measure_ppl:
+        record["ppl_before"], record["ppl_metric"] = heldout_perplexity(model, tok, eval_texts, seq_len=seq_len, seed=job.seed)
+    dense_bytes = _dense_linear_bytes(model)
+    start = time.perf_counter()
+    result = method.apply(model, calib, job.config, progress=job.progress)
+    if method.kind == "quant":
+        pack_model(model, result)
+    seconds = time.perf_counter() - start
+    names = [r.name for r in result.layers]
+    record.update(
+        config=asdict(job.config),
+        calibration={
+            "samples": job.calib_samples,
+            "seq_len": seq_len,
+            "tokens": result.n_calib_tokens,
+            "source": job.calib_file or "lmforge built-in zoo mixture",
+            "seed": job.seed,
+        },
+        seconds=round(seconds, 3),
+        bytes=linear_bytes(model, names) if method.kind == "quant" else _dense_linear_bytes(model, names),
+        bytes_dense_fp32=dense_bytes,
+        layers=[{"name": r.name, "rel_error": r.rel_error, "shape": list(r.shape), "sparsity": r.sparsity} for r in result.layers],
+    )
+    if method.kind == "prune":
+        total = sum(r.shape[0] * r.shape[1] for r in result.layers)
+        record["sparsity"] = sum(r.sparsity * r.shape[0] * r.shape[1] for r in result.layers) / max(total, 1)
+    if job.measure_ppl:
+        record["ppl_after"], _ = heldout_perplexity(model, tok, eval_texts, seq_len=seq_len, seed=job.seed)
+
+    if job.out is not None:
+        from lmforge.models.quantized import save_compressed, save_pruned
+
+        # compression.json goes into the same atomic write as the weights: a folder either has both
+        # or does not exist.
+        extra = {"compression.json": record}
+        if method.kind == "quant":
+            qcfg = {"method": job.method, **asdict(job.config)}
+            save_compressed(model, tok, job.out, quant_config=qcfg, extra_files=extra, overwrite=job.overwrite)
+        else:
+            scfg = {
+                "method": job.method,
+                "sparsity": record["sparsity"],
+                "pattern": getattr(job.config, "pattern", None),
+                "per_layer": {r.name: r.sparsity for r in result.layers},
+            }
+            save_pruned(model, tok, job.out, sparsity_config=scfg, extra_files=extra, overwrite=job.overwrite)
+    if job.export_compressed_tensors is not None:
+        from lmforge.models.quantized import export_compressed_tensors
+
+        export_compressed_tensors(model, tok, job.export_compressed_tensors, overwrite=job.overwrite)
+    return record
+
+
+def _dense_linear_bytes(model: nn.Module, names: list[str] | None = None) -> int:
+    """fp32 bytes of the decoder linears (all of them, or ``names``)."""
+    from lmforge.common.calibration import get_decoder_layers, linear_modules
+
+    if names is not None:
+        modules = dict(model.named_modules())
+        return sum(modules[n].weight.numel() * 4 for n in names)
+    total = 0
+    for layer in get_decoder_layers(model):
+        total += sum(m.weight.numel() * 4 for m in linear_modules(layer).values())
+    return total

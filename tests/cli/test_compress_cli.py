@@ -1,0 +1,133 @@
+"""``lmforge compress``: bad input is one line and exit status 2 with nothing written; a real run
+writes a loadable model and a compression.json with the documented fields."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def call(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """Run the real entry point in-process (exit status, stdout, stderr)."""
+    from lmforge.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["lmforge", *args])
+    monkeypatch.setenv("LMFORGE_NO_PROGRESS", "1")
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def layerless_model(tmp_path_factory, zoo_tokenizer):
+    """A causal LM with no decoder layers (nothing to compress), saved as a local HF folder."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("layerless")
+    cfg = LlamaConfig(vocab_size=len(zoo_tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=0,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    zoo_tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["gptq", "--bits", "9"], "bits"),
+        (["gptq", "--bits", "1"], "bits"),
+        (["wanda", "--sparsity", "1.0"], "sparsity"),
+        (["sparsegpt", "--sparsity", "-0.5"], "sparsity"),
+        (["sparsegpt", "--pattern", "4:4"], "N:M"),
+        (["wanda", "--pattern", "3:2"], "N:M"),
+        (["gptq", "--calib-samples", "0"], "calibration set is empty"),
+        (["wanda", "--bits", "4"], "takes no --bits"),
+        (["nosuch"], "unknown compression method"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_nothing_written(monkeypatch, capsys, tmp_path, nano_dir, args, needle):
+    out = tmp_path / "out"
+    code, stdout, stderr = call(monkeypatch, capsys, "compress", *args, "--model", str(nano_dir), "--out", str(out))
+    assert code == 2
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], stderr
+    assert not out.exists()
+
+
+def test_model_without_linear_layers(monkeypatch, capsys, tmp_path, layerless_model):
+    out = tmp_path / "out"
+    code, _, stderr = call(monkeypatch, capsys, "compress", "rtn", "--model", str(layerless_model), "--out", str(out))
+    assert code == 2 and "no linear layers to compress" in stderr
+    assert len(stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_existing_out_needs_overwrite(monkeypatch, capsys, tmp_path, nano_dir):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("user data")
+    code, _, stderr = call(monkeypatch, capsys, "compress", "rtn", "--model", str(nano_dir), "--out", str(out))
+    assert code == 2 and "--overwrite" in stderr
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+
+
+@pytest.mark.parametrize("method,flags", [("gptq", ["--bits", "4", "--group-size", "32"]), ("wanda", ["--pattern", "2:4"])])
+def test_compress_writes_model_and_record(monkeypatch, capsys, tmp_path, nano_dir, method, flags):
+    out = tmp_path / method
+    code, stdout, stderr = call(monkeypatch, capsys, "compress", method, "--model", str(nano_dir), "--out", str(out),
+                                "--calib-samples", "4", "--seq-len", "64", *flags, "--json")
+    assert code == 0, stderr
+    record = json.loads(stdout)
+    assert record == json.loads((out / "compression.json").read_text())
+    assert {"layers", "seconds", "bytes", "ppl_before", "ppl_after"} <= set(record)
+    assert record["layers"] and all(set(layer) >= {"name", "rel_error"} for layer in record["layers"])
+    assert all(0 <= layer["rel_error"] < 1 for layer in record["layers"])
+    config = json.loads((out / "config.json").read_text())
+    if method == "gptq":
+        assert config["quantization_config"]["quant_method"] == "lmforge"
+        # 4-bit codes + scales take well under a quarter of the fp32 bytes.
+        assert record["bytes"] < record["bytes_dense_fp32"] / 4
+    else:
+        assert config["sparsity"]["pattern"] == "2:4"
+        from lmforge.common.sparsity import NMPattern, is_nm
+        from lmforge.models.load import load
+
+        model, _ = load(str(out))
+        for layer in model.model.layers:
+            assert is_nm(layer.mlp.down_proj.weight.detach(), NMPattern(2, 4))
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq", "ganq", "rtn"])
+def test_round_trip_logits_equal_in_memory_model(tmp_path, nano, method):
+    """Save, load, and the logits equal the in-memory compressed model's (which runs from packed codes)."""
+    import copy
+
+    import torch
+
+    from lmforge.compression import get_method, make_config, pack_model
+    from lmforge.data.calibration import builtin_texts, token_windows
+    from lmforge.models.load import load
+    from lmforge.models.quantized import save_compressed
+
+    model, tok = nano
+    model = copy.deepcopy(model)
+    calib = token_windows(tok, builtin_texts(0, 40), 4, 64, 0)
+    flags = {"bits": 3} | ({"iters": 2} if method == "ganq" else {"group_size": 32})
+    cfg = make_config(method, flags=flags)
+    res = get_method(method).apply(model, calib, cfg, progress=False)
+    assert pack_model(model, res) == len(res.layers)
+    ids = torch.randint(4, len(tok), (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+    save_compressed(model, tok, tmp_path / "q", quant_config={"method": method, **{k: getattr(cfg, k) for k in ("bits",)}})
+    loaded, _ = load(str(tmp_path / "q"))
+    with torch.no_grad():
+        after = loaded(input_ids=ids).logits
+    assert torch.allclose(before, after, atol=1e-5, rtol=1e-5)
