@@ -232,6 +232,12 @@ def compress_cmd(
     typer.echo(f"{method}: {len(errs)} linear layers in {record['seconds']:.1f} s; "
                f"rel. output error mean {sum(errs) / len(errs):.4f}, max {max(errs):.4f}")
     typer.echo(f"compressed linears: {record['bytes'] / 1e6:.2f} MB (fp32 {record['bytes_dense_fp32'] / 1e6:.2f} MB)")
+    if record.get("skipped"):
+        typer.echo(f"warning: {len(record['skipped'])} linear layers saw no calibration token and were left "
+                   f"uncompressed: {', '.join(record['skipped'][:4])}{' ...' if len(record['skipped']) > 4 else ''}", err=True)
+    if record.get("unscaled"):
+        typer.echo(f"note: AWQ left {len(record['unscaled'])} scale groups unscaled (folding would change the "
+                   "model's function on this architecture); see compression.json", err=True)
     if "ppl_before" in record:
         typer.echo(f"perplexity {record['ppl_before']:.4f} -> {record['ppl_after']:.4f} ({record['ppl_metric']})")
     if out is not None:

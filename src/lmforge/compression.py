@@ -93,15 +93,18 @@ def make_config(
 
     m = get_method(method)
     names = {f.name for f in fields(m.config_cls)}
-    base = {}
+    given = {}
     for key, value in (flags or {}).items():
         if value is None:
             continue
         if key not in names:
             opt = "--" + key.replace("_", "-")
             raise UserError(f"{method} takes no {opt} (its settings: {', '.join(sorted(names))})")
-        base[key] = value
-    return load_config(m.config_cls, recipe, list(overrides), base=base)
+        given[key] = value
+    if given.get("sparsity") is not None and given.get("pattern") is not None:
+        raise UserError("give --sparsity or --pattern, not both (an N:M pattern fixes the sparsity at N/M)")
+    # Precedence: the recipe, then the dedicated flags, then --set key=value.
+    return load_config(m.config_cls, recipe, list(overrides), flags=given)
 
 
 @torch.no_grad()
@@ -175,6 +178,11 @@ def run_compression(job: CompressionJob) -> dict[str, Any]:
         check_output_dir(job.out, job.overwrite)
     if job.export_compressed_tensors is not None:
         check_output_dir(job.export_compressed_tensors, job.overwrite)
+        check_exportable(job.method, job.config)
+        if job.out is not None:
+            a, b = Path(job.out).resolve(), Path(job.export_compressed_tensors).resolve()
+            if a == b or a in b.parents or b in a.parents:
+                raise UserError("--out and --export-compressed-tensors must be separate folders")
     if job.calib_samples < 1:
         raise UserError(f"the calibration set is empty: --calib-samples must be >= 1, got {job.calib_samples}")
     calib_texts = read_texts(job.calib_file) if job.calib_file else builtin_texts(job.seed)
@@ -184,6 +192,8 @@ def run_compression(job: CompressionJob) -> dict[str, Any]:
     from lmforge.common.compress import check_compressible
 
     check_compressible(model)
+    if job.export_compressed_tensors is not None:
+        check_exportable(job.method, job.config, model)
     limit = max_positions(model) or 2048
     seq_len = min(job.seq_len or 2048, limit)
     calib = token_windows(tok, calib_texts, job.calib_samples, seq_len, job.seed)
@@ -211,6 +221,8 @@ def run_compression(job: CompressionJob) -> dict[str, Any]:
         bytes=linear_bytes(model, names) if method.kind == "quant" else _dense_linear_bytes(model, names),
         bytes_dense_fp32=dense_bytes,
         layers=[{"name": r.name, "rel_error": r.rel_error, "shape": list(r.shape), "sparsity": r.sparsity} for r in result.layers],
+        skipped=result.skipped,
+        **result.extra,
     )
     if method.kind == "prune":
         total = sum(r.shape[0] * r.shape[1] for r in result.layers)
@@ -240,6 +252,35 @@ def run_compression(job: CompressionJob) -> dict[str, Any]:
 
         export_compressed_tensors(model, tok, job.export_compressed_tensors, overwrite=job.overwrite)
     return record
+
+
+def check_exportable(method: str, config: Any, model: nn.Module | None = None) -> None:
+    """Refuse, before any work, a compressed-tensors export the format cannot hold (the same rules
+    :func:`lmforge.models.quantized.export_compressed_tensors` enforces on the finished model)."""
+    kind = get_method(method).kind
+    if kind == "prune":
+        return  # exported dense (compressed-tensors 0.19 has no sparse compressor)
+    if method == "ganq":
+        raise UserError("--export-compressed-tensors: GANQ's per-row codebooks have no compressed-tensors format")
+    bits = getattr(config, "bits", None)
+    if bits not in (4, 8):
+        raise UserError(f"--export-compressed-tensors: vLLM serves 4- and 8-bit weights only, got --bits {bits}")
+    gs = getattr(config, "group_size", 0)
+    if getattr(config, "act_order", False) and gs > 0:
+        raise UserError("--export-compressed-tensors: act-order groups (g_idx) cannot be stored by compressed-tensors 0.19")
+    if model is None:
+        return
+    from lmforge.common.calibration import get_decoder_layers, in_features, is_conv1d, linear_modules
+
+    for layer in get_decoder_layers(model):
+        for name, mod in linear_modules(layer).items():
+            if is_conv1d(mod):
+                raise UserError(f"--export-compressed-tensors: '{name}' is a GPT-2 Conv1D; compressed-tensors quantizes nn.Linear only")
+            n_in = in_features(mod)
+            if 0 < gs < n_in and n_in % gs:
+                raise UserError(
+                    f"--export-compressed-tensors: '{name}' has {n_in} inputs, not a multiple of --group-size {gs}"
+                )
 
 
 def _dense_linear_bytes(model: nn.Module, names: list[str] | None = None) -> int:

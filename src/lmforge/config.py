@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import types
 import typing
 from pathlib import Path
@@ -136,6 +137,8 @@ def parse_overrides(overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
             value = yaml.safe_load(raw) if raw.strip() else raw
         except yaml.YAMLError:
             value = raw
+        if isinstance(value, int) and re.fullmatch(r"\s*\d+(:\d+)+\s*", raw):
+            value = raw.strip()  # YAML 1.1 reads "2:4" as the base-60 number 124; keep ratios as text
         _set_nested(out, key, value)
     return out
 
@@ -155,9 +158,11 @@ def load_config(
     recipe: str | Path | None = None,
     overrides: list[str] | tuple[str, ...] = (),
     base: dict[str, Any] | None = None,
+    flags: dict[str, Any] | None = None,
 ) -> C:
     """Fill ``cls`` from ``base`` (e.g. a preset's fields), then an optional YAML recipe, then
-    ``key=value`` overrides; later sources win."""
+    ``flags`` (typed values from dedicated CLI options), then ``key=value`` overrides; later sources
+    win."""
     data: dict[str, Any] = {}
     if recipe is not None:
         path = Path(recipe)
@@ -175,6 +180,7 @@ def load_config(
             raise UserError(f"recipe '{path}' must be a mapping of keys to values")
         data = loaded
     data = _merge(base or {}, data)
+    data = _merge(data, flags or {})
     data = _merge(data, parse_overrides(list(overrides)))
     return from_dict(cls, data)
 

@@ -131,3 +131,43 @@ def test_round_trip_logits_equal_in_memory_model(tmp_path, nano, method):
     with torch.no_grad():
         after = loaded(input_ids=ids).logits
     assert torch.allclose(before, after, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["rtn", "--bits", "3"], "4- and 8-bit"),
+        (["ganq", "--bits", "4"], "codebooks"),
+        (["gptq", "--bits", "4", "--group-size", "32", "--set", "act_order=true"], "act-order"),
+        (["gptq", "--bits", "4", "--group-size", "48"], "not a multiple"),
+    ],
+)
+def test_unexportable_compressed_tensors_is_refused_before_any_work(monkeypatch, capsys, tmp_path, nano_dir, args, needle):
+    out, ct = tmp_path / "q", tmp_path / "ct"
+    code, _, stderr = call(monkeypatch, capsys, "compress", *args, "--model", str(nano_dir), "--out", str(out),
+                           "--export-compressed-tensors", str(ct), "--calib-samples", "2", "--seq-len", "32")
+    assert code == 2 and needle in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert not out.exists() and not ct.exists()
+
+
+def test_out_and_export_must_differ(monkeypatch, capsys, tmp_path, nano_dir):
+    out = tmp_path / "q"
+    code, _, stderr = call(monkeypatch, capsys, "compress", "rtn", "--model", str(nano_dir), "--out", str(out),
+                           "--export-compressed-tensors", str(out / "ct"))
+    assert code == 2 and "separate folders" in stderr
+    assert not out.exists()
+
+
+def test_flags_override_recipe_and_set_overrides_flags(tmp_path):
+    from lmforge.common.errors import UserError
+    from lmforge.compression import make_config
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("bits: 4\ngroup_size: 64\nsym: true\n")
+    cfg = make_config("gptq", recipe=recipe, flags={"bits": 3, "group_size": None})
+    assert (cfg.bits, cfg.group_size, cfg.sym) == (3, 64, True)
+    cfg = make_config("gptq", recipe=recipe, flags={"bits": 3}, overrides=["bits=8"])
+    assert cfg.bits == 8
+    assert make_config("wanda", overrides=["pattern=2:4"]).pattern == "2:4"  # not YAML's base-60 124
+    with pytest.raises(UserError, match="not both"):
+        make_config("wanda", flags={"sparsity": 0.5, "pattern": "2:4"})

@@ -74,3 +74,49 @@ def test_awq_beats_rtn_on_the_model(small, small_calib):
     q = res.quantized["model.layers.0.mlp.down_proj"]
     w = q.dequantize()
     assert max(len(torch.unique(w[r, :32])) for r in range(8)) <= 8
+
+
+def _tiny(kind: str):
+    from transformers import LlamaConfig, LlamaForCausalLM, PhiConfig, PhiForCausalLM
+
+    torch.manual_seed(0)
+    if kind == "llama-mha":
+        cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+        return LlamaForCausalLM(cfg).eval()
+    cfg = PhiConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, max_position_embeddings=64)
+    return PhiForCausalLM(cfg).eval()
+
+
+def test_v_to_o_is_folded_without_gqa_and_keeps_the_function():
+    model = _tiny("llama-mha")
+    calib = [torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    prevs = [g[0] for g in scale_groups(model.model.layers[0])]
+    assert "self_attn.v_proj" in prevs
+    res = apply_awq(copy.deepcopy(model), calib, AWQConfig(bits=8, group_size=0, clip=False), progress=False)
+    assert any("v_proj -> self_attn.o_proj" in g for g in res.extra["scaled_groups"]) and not res.extra["unscaled"]
+    # 8-bit per-channel: the scaled, quantized model stays close to the original (folding is exact).
+    ids = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(9))
+    q = copy.deepcopy(model)
+    apply_awq(q, calib, AWQConfig(bits=8, group_size=0, clip=False), progress=False)
+    with torch.no_grad():
+        a, b = model(input_ids=ids).logits, q(input_ids=ids).logits
+    assert (a - b).abs().max() < 0.05 * a.abs().max()
+
+
+def test_groups_that_would_change_the_function_are_refused():
+    # Phi's parallel block feeds input_layernorm to the attention *and* the MLP: dividing the norm by
+    # s and scaling only q/k/v would change fc1's input.
+    model = _tiny("phi")
+    calib = [torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    res = apply_awq(copy.deepcopy(model), calib, AWQConfig(bits=8, group_size=0, clip=False), progress=False)
+    assert any("input_layernorm" in g for g in res.extra["unscaled"])
+    assert not any("input_layernorm" in g for g in res.extra["scaled_groups"])
+
+
+def test_duo_scaling_with_a_ragged_group(small, small_calib):
+    model, _ = small
+    res = apply_awq(copy.deepcopy(model), small_calib[:4], AWQConfig(bits=4, group_size=128, duo_scaling=True, clip=False),
+                    progress=False)
+    assert len(res.layers) == 28 and all(r.rel_error < 0.2 for r in res.layers)

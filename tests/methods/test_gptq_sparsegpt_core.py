@@ -53,7 +53,9 @@ def naive_obs_quantize(W, H, bits, group_size, sym, damp):
     return Q.float()
 
 
-@pytest.mark.parametrize("group_size,block_size", [(0, 128), (0, 16), (32, 16), (32, 128)])
+@pytest.mark.parametrize(
+    "group_size,block_size", [(0, 128), (0, 16), (32, 16), (32, 128), (24, 32), (48, 32), (40, 16)]
+)
 def test_gptq_equals_naive_obs_loop(group_size, block_size):
     W, H = correlated_layer()
     cfg = GPTQConfig(bits=3, group_size=group_size, sym=False, damp=0.01, block_size=block_size)
@@ -192,3 +194,37 @@ def test_factor_cache_shares_one_factorization_per_hessian():
     a = gptq_quantize(W, H, cfg).dequantize()
     b = gptq_quantize(W, H, cfg, factor=cache.get(H, 0.01, True)).dequantize()
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("in_f,gs", [(96, 32), (100, 32), (96, 0), (20, 32)])
+@pytest.mark.parametrize("sym", [False, True])
+def test_rtn_groups_equal_a_loop_over_groups(in_f, gs, sym):
+    from lmforge.common.quant import fake_quantize_rtn
+
+    W = torch.randn(7, in_f, generator=torch.Generator().manual_seed(in_f))
+    q = quantize_rtn(W, 3, gs, sym)
+    width = gs if 0 < gs < in_f else in_f
+    for g0 in range(0, in_f, width):
+        cols = slice(g0, min(g0 + width, in_f))
+        s, z = uniform_qparams(W[:, cols], 3, sym)
+        torch.testing.assert_close(q.dequantize()[:, cols], s[:, None] * (quantize_codes(W[:, cols], s[:, None], z[:, None], 3) - z[:, None]))
+    assert torch.equal(fake_quantize_rtn(W, 3, gs, sym), q.dequantize())
+
+
+def test_sparsegpt_first_block_mask_is_lowest_obs_saliency():
+    """In the first block no earlier update has happened, so the mask is exactly the lowest
+    int(numel * s) of w^2 / [H^-1]_jj^-chol^2 computed from scratch with an explicit inverse."""
+    W, H = correlated_layer(seed=6)
+    _, mask = sparsegpt_prune(W, H, SparseGPTConfig(sparsity=0.5, block_size=32))
+    Hinv = torch.linalg.inv(damped(H, 0.01))
+    # U_jj of the upper Cholesky factor of H^-1 = sqrt of the Schur complement, from an explicit loop.
+    d = torch.empty(32, dtype=torch.float64)
+    Hc = Hinv.clone()
+    for j in range(32):
+        d[j] = Hc[j, j].sqrt()
+        Hc = Hc - Hc[:, j : j + 1] @ Hc[j : j + 1, :] / Hc[j, j]
+    scores = W[:, :32].double() ** 2 / d[None, :] ** 2
+    k = int(scores.numel() * 0.5)
+    expected = torch.zeros(scores.numel(), dtype=torch.bool)
+    expected[torch.argsort(scores.reshape(-1))[:k]] = True
+    assert torch.equal(mask[:, :32], expected.view_as(scores))

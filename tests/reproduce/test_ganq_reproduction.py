@@ -19,5 +19,10 @@ def test_ganq_reproduction_quick(tmp_path):
     assert all(m[f"{x}3_kl"] > m[f"{x}4_kl"] for x in ("rtn", "gptq", "awq", "ganq"))
     rows = {r[0]: r for r in res.tables[0].rows}
     assert rows["GANQ-3"][-1] == 35.98 and rows["GPTQ-3"][-1] == 52.48 and rows["FP32"][-1] == 27.66
-    assert res.held == (m["gap_closed_3bit"] > 0.5 and m["layer_error_order_ganq_lt_gptq_lt_rtn"])
-    assert all((tmp_path / f.path).exists() or f.path.startswith(str(tmp_path)) for f in res.figures)
+    # The gap fraction is recomputed here from the measured perplexities.
+    gap = (m["gptq3_ppl"] - m["ganq3_ppl"]) / (m["gptq3_ppl"] - m["fp_ppl"])
+    assert abs(gap - m["gap_closed_3bit"]) < 1e-9
+    assert res.held == (gap > 0.5)
+    from pathlib import Path
+
+    assert res.figures and all(Path(f.path).is_file() and Path(f.path).stat().st_size > 1000 for f in res.figures)

@@ -88,6 +88,9 @@ class CompressionResult:
         seconds: wall time of the walk.
         quantized: ``{full module name: packed weight}`` for quantizers.
         n_calib_tokens: calibration tokens seen by layer 0.
+        skipped: linear modules left uncompressed because no calibration token reached them (an
+            expert no token was routed to): compressing them blind would zero or distort them.
+        extra: method-specific facts for the report (e.g. AWQ's scaled groups).
     """
 
     method: str
@@ -96,6 +99,8 @@ class CompressionResult:
     seconds: float = 0.0
     quantized: dict[str, Quantized] = field(default_factory=dict)
     n_calib_tokens: int = 0
+    skipped: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -104,6 +109,8 @@ class CompressionResult:
             "seconds": self.seconds,
             "n_calib_tokens": self.n_calib_tokens,
             "layers": [asdict(r) | {"shape": list(r.shape)} for r in self.layers],
+            "skipped": self.skipped,
+            **self.extra,
         }
 
 
@@ -126,8 +133,15 @@ def check_compressible(model: nn.Module, skip: Iterable[str] = ()) -> dict[str, 
     compress (no decoder layers, or no linear module inside them)."""
     try:
         layers = get_decoder_layers(model)
-    except UserError as exc:
-        raise UserError(f"the model has no linear layers to compress: {exc}") from None
+    except UserError:
+        for path in ("model.layers", "transformer.h", "layers", "h"):
+            try:
+                found_list = model.get_submodule(path)
+            except AttributeError:
+                continue
+            if isinstance(found_list, nn.ModuleList) and len(found_list) == 0:
+                raise UserError("the model has no linear layers to compress (it has no decoder layers)") from None
+        raise
     prefix = layers_prefix(model, layers)
     found = {}
     for i, layer in enumerate(layers):
@@ -193,6 +207,9 @@ def compress_linears(
         for name in names:
             full = f"{prefixes[i]}.{name}"
             mod = modules[name]
+            if hessians[name].n_samples == 0:
+                result.skipped.append(full)
+                continue
             W = get_weight(mod)
             H = hessians[name].hessian
             res = fn(full, W, H)

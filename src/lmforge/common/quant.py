@@ -31,6 +31,7 @@ __all__ = [
     "dequantize_codes",
     "pack_codes",
     "quantize_codes",
+    "fake_quantize_rtn",
     "quantize_rtn",
     "relative_output_error",
     "uniform_qparams",
@@ -45,8 +46,9 @@ def uniform_qparams(w: torch.Tensor, bits: int, sym: bool) -> tuple[torch.Tensor
     """
     maxq = 2**bits - 1
     w = w.float()
-    xmin = torch.minimum(w.min(dim=1).values, torch.zeros(()))
-    xmax = torch.maximum(w.max(dim=1).values, torch.zeros(()))
+    zero_ = torch.zeros((), device=w.device)
+    xmin = torch.minimum(w.min(dim=1).values, zero_)
+    xmax = torch.maximum(w.max(dim=1).values, zero_)
     if sym:
         xmax = torch.maximum(xmin.abs(), xmax)
         xmin = torch.where(xmin < 0, -xmax, xmin)
@@ -154,7 +156,8 @@ def quantize_rtn(w: torch.Tensor, bits: int, group_size: int = 0, sym: bool = Fa
     Args:
         w: ``(out, in)`` weight.
         bits: 2..8.
-        group_size: columns per group; 0 (or >= in) for per-channel.
+        group_size: columns per group; 0 (or >= in) for per-channel. A last group narrower than
+            ``group_size`` (``in`` not a multiple) gets its own grid.
         sym: symmetric grid.
     """
     w = w.detach().float()
@@ -162,15 +165,38 @@ def quantize_rtn(w: torch.Tensor, bits: int, group_size: int = 0, sym: bool = Fa
     gs = group_size if 0 < group_size < in_f else 0
     width = gs or in_f
     n_groups = math.ceil(in_f / width)
-    scales = torch.empty(out_f, n_groups)
-    zeros = torch.empty(out_f, n_groups)
-    codes = torch.empty(out_f, in_f, dtype=torch.uint8)
-    for g in range(n_groups):
-        cols = slice(g * width, min((g + 1) * width, in_f))
-        s, z = uniform_qparams(w[:, cols], bits, sym)
-        scales[:, g], zeros[:, g] = s, z
-        codes[:, cols] = quantize_codes(w[:, cols], s[:, None], z[:, None], bits).to(torch.uint8)
+    full = (in_f // width) * width  # columns in whole groups, done in one batched call
+    scales = torch.empty(out_f, n_groups, device=w.device)
+    zeros = torch.empty(out_f, n_groups, device=w.device)
+    codes = torch.empty(out_f, in_f, dtype=torch.uint8, device=w.device)
+    if full:
+        k = full // width
+        rows = w[:, :full].reshape(out_f * k, width)
+        s, z = uniform_qparams(rows, bits, sym)
+        codes[:, :full] = quantize_codes(rows, s[:, None], z[:, None], bits).to(torch.uint8).reshape(out_f, full)
+        scales[:, :k], zeros[:, :k] = s.reshape(out_f, k), z.reshape(out_f, k)
+    if full < in_f:
+        s, z = uniform_qparams(w[:, full:], bits, sym)
+        scales[:, -1], zeros[:, -1] = s, z
+        codes[:, full:] = quantize_codes(w[:, full:], s[:, None], z[:, None], bits).to(torch.uint8)
     return UniformQuantized(codes=codes, scales=scales, zeros=zeros, bits=bits, group_size=gs, sym=sym)
+
+
+def fake_quantize_rtn(w: torch.Tensor, bits: int, group_size: int = 0, sym: bool = False) -> torch.Tensor:
+    """``quantize_rtn(w, ...).dequantize()`` without building the codes (for search loops)."""
+    w = w.detach().float()
+    out_f, in_f = w.shape
+    width = group_size if 0 < group_size < in_f else in_f
+    full = (in_f // width) * width
+    out = torch.empty_like(w)
+    for lo, hi, k in ((0, full, full // width), (full, in_f, 1)):
+        if hi <= lo:
+            continue
+        rows = w[:, lo:hi].reshape(out_f * k, -1)
+        s, z = uniform_qparams(rows, bits, sym)
+        q = quantize_codes(rows, s[:, None], z[:, None], bits)
+        out[:, lo:hi] = dequantize_codes(q, s[:, None], z[:, None]).reshape(out_f, hi - lo)
+    return out
 
 
 # --------------------------------------------------------------------------------------------------

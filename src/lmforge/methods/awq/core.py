@@ -22,14 +22,14 @@ from collections.abc import Callable
 
 import torch
 
-from lmforge.common.quant import UniformQuantized, quantize_rtn
+from lmforge.common.quant import UniformQuantized, fake_quantize_rtn, quantize_rtn
 
 __all__ = ["fake_quantize", "normalized_scales", "search_clip", "search_scales"]
 
 
 def fake_quantize(w: torch.Tensor, bits: int, group_size: int, sym: bool) -> torch.Tensor:
     """Group-wise min-max RTN, dequantized (the official ``pseudo_quantize_tensor``)."""
-    return quantize_rtn(w, bits, group_size, sym).dequantize()
+    return fake_quantize_rtn(w, bits, group_size, sym)
 
 
 def normalized_scales(
@@ -109,11 +109,11 @@ def search_clip(
         Hg = Hf[g0 : g0 + gs, g0 : g0 + gs]
         org_max = w.abs().amax(dim=1, keepdim=True)
         best_max = org_max.clone()
-        best_err = torch.full((out_f,), float("inf"))
+        best_err = torch.full((out_f,), float("inf"), device=W.device)
         for i_s in range(int(max_shrink * n_grid)):
             m = org_max * (1 - i_s / n_grid)
             cur = torch.clamp(w, -m, m)
-            q = quantize_rtn(cur, bits, 0, sym).dequantize()
+            q = fake_quantize_rtn(cur, bits, 0, sym)
             d = q - w
             err = torch.einsum("ij,jk,ik->i", d, Hg, d)
             better = err < best_err

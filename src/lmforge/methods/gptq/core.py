@@ -56,9 +56,10 @@ def gptq_quantize(
     U = factor.U
 
     n_groups = math.ceil(n / gs) if gs else 1
-    scales = torch.empty(out_f, n_groups)
-    zeros = torch.empty(out_f, n_groups)
-    codes = torch.empty(out_f, n, dtype=torch.uint8)
+    scales = torch.empty(out_f, n_groups, device=W.device)
+    zeros = torch.empty(out_f, n_groups, device=W.device)
+    codes = torch.empty(out_f, n, dtype=torch.uint8, device=W.device)
+    U = U.to(W.device)
     if not gs:
         s, z = uniform_qparams(W, cfg.bits, cfg.sym)
         scales[:, 0], zeros[:, 0] = s, z
@@ -71,11 +72,14 @@ def gptq_quantize(
         for i in range(i2 - i1):
             col = i1 + i
             if gs and col % gs == 0:
-                # NOTE: the reference code reads the group from W, whose columns inside the current
-                # block have not yet received this block's error feedback; we read the up-to-date
-                # values (W1 inside the block, W after it), which is what the algorithm intends.
+                # NOTE: the reference code reads the group from W, whose columns have not yet received
+                # the error feedback of the current block; we read the up-to-date values: W1 inside the
+                # block, and after it W minus the block's pending lazy update so far.
                 g_end = min(col + gs, n)
-                grp = torch.cat([W1[:, i : min(i2, g_end) - i1], W[:, i2:g_end]], dim=1) if g_end > i2 else W1[:, i : g_end - i1]
+                grp = W1[:, i : min(i2, g_end) - i1]
+                if g_end > i2:
+                    pending = W[:, i2:g_end] - Err1[:, :i] @ U[i1 : i1 + i, i2:g_end]
+                    grp = torch.cat([grp, pending], dim=1)
                 s, z = uniform_qparams(grp, cfg.bits, cfg.sym)
                 scales[:, col // gs], zeros[:, col // gs] = s, z
             g = col // gs if gs else 0
@@ -94,7 +98,7 @@ def gptq_quantize(
         codes = codes[:, inv]
         if gs:
             # Column perm[k] was swept k-th, so it belongs to group k // gs.
-            g_idx = (torch.arange(n) // gs)[inv].to(torch.int32)
+            g_idx = (torch.arange(n, device=W.device) // gs)[inv].to(torch.int32)
     return UniformQuantized(
         codes=codes, scales=scales, zeros=zeros, bits=cfg.bits, group_size=gs, sym=cfg.sym, g_idx=g_idx
     )
