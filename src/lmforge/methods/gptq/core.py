@@ -23,7 +23,6 @@ from lmforge.common.quant import (
     HessianFactor,
     UniformQuantized,
     factor_hessian,
-    quantize_codes,
     uniform_qparams,
 )
 from lmforge.methods.gptq.config import GPTQConfig
@@ -64,11 +63,14 @@ def gptq_quantize(
         s, z = uniform_qparams(W, cfg.bits, cfg.sym)
         scales[:, 0], zeros[:, 0] = s, z
 
+    maxq = 2**cfg.bits - 1
+    s = z = None
     for i1 in range(0, n, cfg.block_size):
         i2 = min(i1 + cfg.block_size, n)
         W1 = W[:, i1:i2].clone()
         U1 = U[i1:i2, i1:i2]
-        Err1 = torch.zeros_like(W1)
+        Q1 = torch.empty_like(W1)  # integer codes (as floats) of the block
+        Err1 = torch.empty_like(W1)
         for i in range(i2 - i1):
             col = i1 + i
             if gs and col % gs == 0:
@@ -82,14 +84,16 @@ def gptq_quantize(
                     grp = torch.cat([grp, pending], dim=1)
                 s, z = uniform_qparams(grp, cfg.bits, cfg.sym)
                 scales[:, col // gs], zeros[:, col // gs] = s, z
-            g = col // gs if gs else 0
-            s, z = scales[:, g], zeros[:, g]
+            elif s is None:
+                s, z = scales[:, 0].contiguous(), zeros[:, 0].contiguous()
             w = W1[:, i]
-            q = quantize_codes(w, s, z, cfg.bits)
-            codes[:, col] = q.to(torch.uint8)
+            q = torch.clamp(torch.round(w / s) + z, 0, maxq)
+            Q1[:, i] = q
             err = (w - s * (q - z)) / U1[i, i]
-            W1[:, i:] -= err[:, None] * U1[i, i:][None, :]
+            # Rank-1 update of the rest of the block, in place.
+            W1[:, i:].addr_(err, U1[i, i:], alpha=-1.0)
             Err1[:, i] = err
+        codes[:, i1:i2] = Q1.to(torch.uint8)
         W[:, i2:] -= Err1 @ U[i1:i2, i2:]
 
     g_idx = None

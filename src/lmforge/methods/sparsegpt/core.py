@@ -64,10 +64,9 @@ def sparsegpt_prune(
                 j = min(i + pattern.m, i2 - i1)
                 mask1[:, i:j] = nm_mask(W1[:, i:j] ** 2 / d[None, i:j] ** 2, pattern)
             w = W1[:, i]
-            q = torch.where(mask1[:, i], torch.zeros_like(w), w)
-            err = (w - q) / U1[i, i]
-            W1[:, i:] -= err[:, None] * U1[i, i:][None, :]
-            W1[:, i] = q
+            err = torch.where(mask1[:, i], w, torch.zeros_like(w)) / U1[i, i]  # (w - q) / d, q = 0 where pruned
+            W1[:, i:].addr_(err, U1[i, i:], alpha=-1.0)
+            W1[:, i].masked_fill_(mask1[:, i], 0.0)  # exact zeros (the update leaves round-off)
             Err1[:, i] = err
         W[:, i1:i2] = W1
         mask[:, i1:i2] = mask1
