@@ -197,6 +197,11 @@ def run_compression(job: CompressionJob) -> dict[str, Any]:
     limit = max_positions(model) or 2048
     seq_len = min(job.seq_len or 2048, limit)
     calib = token_windows(tok, calib_texts, job.calib_samples, seq_len, job.seed)
+    if job.calib_file is None and not str(job.model).startswith("zoo:") and job.progress:
+        from lmforge.common.progress import console
+
+        console.print("note: calibrating on lmforge's built-in synthetic zoo mixture; for a real model pass "
+                      "--calib-file (a local C4 .jsonl shard, say) and --eval-file (WikiText-2 raw, say)")
 
     record: dict[str, Any] = {"method": job.method, "model": str(job.model)}
     if job.measure_ppl:
