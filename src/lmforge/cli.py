@@ -198,6 +198,7 @@ def compress_cmd(
     recipe: Annotated[Path | None, typer.Option(help="YAML file of method settings.")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Method setting key=value (e.g. act_order=true); repeatable.")] = None,
     no_ppl: Annotated[bool, typer.Option("--no-ppl", help="Skip the perplexity before/after.")] = False,
+    no_layer_errors: Annotated[bool, typer.Option("--no-layer-errors", help="Skip the per-layer output errors (they need each input's full X^T X; Wanda, RTN and magnitude then keep only its diagonal).")] = False,
     export_compressed_tensors: Annotated[Path | None, typer.Option("--export-compressed-tensors", help="Also write a compressed-tensors checkpoint (vLLM) here, where the format allows.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace existing output folders.")] = False,
     allow_pickle: PickleOpt = False,
@@ -219,7 +220,7 @@ def compress_cmd(
         calib_samples=calib_samples, seq_len=seq_len,
         calib_file=None if calib_file is None else str(calib_file),
         eval_file=None if eval_file is None else str(eval_file),
-        seed=seed, measure_ppl=not no_ppl, overwrite=overwrite, allow_pickle=allow_pickle,
+        seed=seed, measure_ppl=not no_ppl, layer_errors=not no_layer_errors, overwrite=overwrite, allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code,
         export_compressed_tensors=None if export_compressed_tensors is None else str(export_compressed_tensors),
         progress=os.environ.get("LMFORGE_NO_PROGRESS") != "1",
@@ -228,9 +229,11 @@ def compress_cmd(
     if as_json:
         _emit_json(record)
         return
-    errs = [layer["rel_error"] for layer in record["layers"]]
-    typer.echo(f"{method}: {len(errs)} linear layers in {record['seconds']:.1f} s; "
-               f"rel. output error mean {sum(errs) / len(errs):.4f}, max {max(errs):.4f}")
+    errs = [layer["rel_error"] for layer in record["layers"] if layer["rel_error"] is not None]
+    summary = f"{method}: {len(record['layers'])} linear layers in {record['seconds']:.1f} s"
+    if errs:
+        summary += f"; rel. output error mean {sum(errs) / len(errs):.4f}, max {max(errs):.4f}"
+    typer.echo(summary)
     typer.echo(f"compressed linears: {record['bytes'] / 1e6:.2f} MB (fp32 {record['bytes_dense_fp32'] / 1e6:.2f} MB)")
     if record.get("skipped"):
         typer.echo(f"warning: {len(record['skipped'])} linear layers saw no calibration token and were left "

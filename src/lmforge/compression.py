@@ -162,6 +162,7 @@ class CompressionJob:
     allow_pickle: bool = False
     trust_remote_code: bool = False
     export_compressed_tensors: str | None = None
+    layer_errors: bool = True
     progress: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -208,7 +209,7 @@ def run_compression(job: CompressionJob) -> dict[str, Any]:
         record["ppl_before"], record["ppl_metric"] = heldout_perplexity(model, tok, eval_texts, seq_len=seq_len, seed=job.seed)
     dense_bytes = _dense_linear_bytes(model)
     start = time.perf_counter()
-    result = method.apply(model, calib, job.config, progress=job.progress)
+    result = method.apply(model, calib, job.config, progress=job.progress, layer_errors=job.layer_errors)
     if method.kind == "quant":
         pack_model(model, result)
     seconds = time.perf_counter() - start

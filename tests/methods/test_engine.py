@@ -45,3 +45,16 @@ def test_each_layer_sees_the_compressed_layers_before_it(small, small_calib):
     W_new = model.model.layers[0].self_attn.q_proj.weight.detach()
     W_old = fp.model.layers[0].self_attn.q_proj.weight.detach()
     assert abs(relative_output_error(W_old, W_new, seen[rec.name]) - rec.rel_error) < 1e-9
+
+
+def test_without_layer_errors_wanda_keeps_only_the_diagonal_and_prunes_the_same(small, small_calib):
+    from lmforge.methods.wanda.apply import apply_wanda
+    from lmforge.methods.wanda.config import WandaConfig
+
+    model, _ = small
+    a, b = copy.deepcopy(model), copy.deepcopy(model)
+    ra = apply_wanda(a, small_calib[:4], WandaConfig(), progress=False)
+    rb = apply_wanda(b, small_calib[:4], WandaConfig(), progress=False, layer_errors=False)
+    assert all(r.rel_error is not None for r in ra.layers) and all(r.rel_error is None for r in rb.layers)
+    for (na, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.equal(pa == 0, pb == 0), na

@@ -396,9 +396,12 @@ class HessianAccumulator:
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        diag_only: bool = False,
     ) -> None:
         if dtype not in (torch.float32, torch.float64):
             raise UserError(f"HessianAccumulator dtype must be float32 or float64, got {dtype}")
+        # diag_only keeps only diag(H) = 2/N ||X_j||^2 (what Wanda needs): O(N n) instead of O(N n^2).
+        self.diag_only = diag_only
         self.n_features = int(n_features)
         self.dtype = dtype
         self.device = torch.device(device) if device is not None else None
@@ -408,7 +411,8 @@ class HessianAccumulator:
     def _ensure(self, device: torch.device) -> torch.Tensor:
         if self.H is None:
             self.device = self.device or device
-            self.H = torch.zeros(self.n_features, self.n_features, dtype=self.dtype, device=self.device)
+            shape = (self.n_features,) if self.diag_only else (self.n_features, self.n_features)
+            self.H = torch.zeros(shape, dtype=self.dtype, device=self.device)
         return self.H
 
     @torch.no_grad()
@@ -433,7 +437,10 @@ class HessianAccumulator:
         n = self.n_samples
         H.mul_(n / (n + m))
         self.n_samples = n + m
-        if self.dtype == torch.float64 and rows.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        if self.diag_only:
+            rows = rows.to(device=H.device, dtype=self.dtype)
+            H.add_(rows.pow(2).sum(dim=0), alpha=2.0 / self.n_samples)
+        elif self.dtype == torch.float64 and rows.dtype in (torch.float32, torch.bfloat16, torch.float16):
             # The batch's own X^T X is a short sum, computed in float32 (half the time of float64 on
             # CPU); the running sum over many batches, where round-off accumulates, is float64.
             rows = rows.to(device=H.device, dtype=torch.float32) * math.sqrt(2.0 / self.n_samples)
@@ -444,10 +451,11 @@ class HessianAccumulator:
 
     @property
     def hessian(self) -> torch.Tensor:
-        """The current ``H`` (zeros before any row was added)."""
+        """The current ``H`` (zeros before any row was added); with ``diag_only`` the diagonal
+        matrix of the accumulated ``diag(H)``."""
         if self.H is None:
             return torch.zeros(self.n_features, self.n_features, dtype=self.dtype, device=self.device)
-        return self.H
+        return torch.diag(self.H) if self.diag_only else self.H
 
 
 def accumulate_linear_stats(
@@ -457,6 +465,7 @@ def accumulate_linear_stats(
     *,
     dtype: torch.dtype = torch.float32,
     share_inputs: bool = False,
+    diag_only: bool = False,
 ) -> dict[str, HessianAccumulator]:
     """Run ``layer_module`` on ``layer_inputs`` and accumulate the input Hessian of its linear modules.
 
@@ -472,6 +481,7 @@ def accumulate_linear_stats(
         dtype: accumulation dtype, float32 or float64.
         share_inputs: modules called on the very same input tensor (q/k/v, gate/up) share one
             accumulator (the same object under each name): one ``X^T X`` instead of three.
+        diag_only: keep only ``diag(H)`` (see :class:`HessianAccumulator`).
 
     Returns:
         ``{name: accumulator}`` in module order.
@@ -484,7 +494,9 @@ def accumulate_linear_stats(
         if missing:
             raise UserError(f"no linear module named {missing} in the layer; it has {sorted(found)}")
         selected = {n: found[n] for n in found if n in set(names)}
-    stats = {name: HessianAccumulator(in_features(mod), dtype=dtype) for name, mod in selected.items()}
+    stats = {
+        name: HessianAccumulator(in_features(mod), dtype=dtype, diag_only=diag_only) for name, mod in selected.items()
+    }
     current: dict[str, torch.Tensor | None] = {"mask": None}
     # id(input) -> (input, accumulator) within one batch; holding the tensor keeps its id from being
     # reused by a later input of the same batch.

@@ -72,7 +72,7 @@ class LayerRecord:
     """One compressed linear module in the report."""
 
     name: str
-    rel_error: float
+    rel_error: float | None
     shape: tuple[int, int]
     sparsity: float
 
@@ -173,6 +173,8 @@ def compress_linears(
     hessian_dtype: torch.dtype = torch.float64,
     skip: Iterable[str] = (),
     progress: bool = True,
+    layer_errors: bool = True,
+    needs: str = "hessian",
 ) -> CompressionResult:
     """Compress every linear module of every decoder layer with ``fn(full_name, W, H)``.
 
@@ -186,6 +188,10 @@ def compress_linears(
         hessian_dtype: accumulation dtype of ``H``.
         skip: substrings of full module names to leave alone.
         progress: progress bar over layers.
+        layer_errors: record each module's relative output error (needs the full ``X^T X``; off,
+            ``rel_error`` is None).
+        needs: what ``fn`` reads of ``H``: ``"hessian"`` (all of it) or ``"diag"`` (only its diagonal,
+            e.g. Wanda); with ``"diag"`` and ``layer_errors`` off only ``diag(H)`` is accumulated.
 
     Raises:
         UserError: for an empty calibration set or a model without linear layers to compress.
@@ -202,7 +208,10 @@ def compress_linears(
         names = plan[prefixes[i]]
         if not names:
             continue
-        hessians = accumulate_linear_stats(layer, inputs, names, dtype=hessian_dtype, share_inputs=True)
+        diag_only = needs == "diag" and not layer_errors
+        hessians = accumulate_linear_stats(
+            layer, inputs, names, dtype=hessian_dtype, share_inputs=True, diag_only=diag_only
+        )
         modules = linear_modules(layer)
         for name in names:
             full = f"{prefixes[i]}.{name}"
@@ -219,7 +228,7 @@ def compress_linears(
             result.layers.append(
                 LayerRecord(
                     name=full,
-                    rel_error=relative_output_error(W, res.weight, H),
+                    rel_error=relative_output_error(W, res.weight, H) if layer_errors else None,
                     shape=(int(W.shape[0]), int(W.shape[1])),
                     sparsity=float((res.weight == 0).float().mean()),
                 )

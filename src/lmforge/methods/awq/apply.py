@@ -182,7 +182,14 @@ def _fold_is_exact(layer: nn.Module, inputs: LayerInputs, prev: nn.Module, fcs: 
 
 
 @torch.no_grad()
-def apply_awq(model: nn.Module, calib_batches: list[Any], cfg: AWQConfig, *, progress: bool = True) -> CompressionResult:
+def apply_awq(
+    model: nn.Module,
+    calib_batches: list[Any],
+    cfg: AWQConfig,
+    *,
+    progress: bool = True,
+    layer_errors: bool = True,
+) -> CompressionResult:
     """Run AWQ on every decoder layer of ``model`` in place (weights end fake-quantized) and return
     the packed weights and per-linear errors. ``result.extra["scaled_groups"]`` lists the groups whose
     scales were searched and folded; ``result.extra["unscaled"]`` the candidate groups refused because

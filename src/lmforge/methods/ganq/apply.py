@@ -12,7 +12,14 @@ from lmforge.methods.ganq.config import GANQConfig
 from lmforge.methods.ganq.core import ganq_quantize
 
 
-def apply_ganq(model: nn.Module, calib_batches: list[Any], cfg: GANQConfig, *, progress: bool = True) -> CompressionResult:
+def apply_ganq(
+    model: nn.Module,
+    calib_batches: list[Any],
+    cfg: GANQConfig,
+    *,
+    progress: bool = True,
+    layer_errors: bool = True,
+) -> CompressionResult:
     """Quantize every decoder linear of ``model`` to per-row codebooks in place (weights end
     fake-quantized)."""
 
@@ -20,4 +27,4 @@ def apply_ganq(model: nn.Module, calib_batches: list[Any], cfg: GANQConfig, *, p
         q = ganq_quantize(W, H, cfg)
         return LinearResult(weight=q.dequantize(), quantized=q)
 
-    return compress_linears(model, calib_batches, fn, method="ganq", config=asdict(cfg), progress=progress)
+    return compress_linears(model, calib_batches, fn, method="ganq", config=asdict(cfg), layer_errors=layer_errors, needs="hessian", progress=progress)

@@ -13,7 +13,14 @@ from lmforge.methods.gptq.config import GPTQConfig
 from lmforge.methods.gptq.core import gptq_quantize
 
 
-def apply_gptq(model: nn.Module, calib_batches: list[Any], cfg: GPTQConfig, *, progress: bool = True) -> CompressionResult:
+def apply_gptq(
+    model: nn.Module,
+    calib_batches: list[Any],
+    cfg: GPTQConfig,
+    *,
+    progress: bool = True,
+    layer_errors: bool = True,
+) -> CompressionResult:
     """Quantize every decoder linear of ``model`` in place (weights end fake-quantized)."""
 
     cache = FactorCache()
@@ -22,4 +29,4 @@ def apply_gptq(model: nn.Module, calib_batches: list[Any], cfg: GPTQConfig, *, p
         q = gptq_quantize(W, H, cfg, factor=cache.get(H, cfg.damp, cfg.act_order))
         return LinearResult(weight=q.dequantize(), quantized=q)
 
-    return compress_linears(model, calib_batches, fn, method="gptq", config=asdict(cfg), progress=progress)
+    return compress_linears(model, calib_batches, fn, method="gptq", config=asdict(cfg), layer_errors=layer_errors, needs="hessian", progress=progress)

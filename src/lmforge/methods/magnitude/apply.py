@@ -13,7 +13,14 @@ from lmforge.methods.magnitude.config import MagnitudeConfig
 from lmforge.methods.magnitude.core import magnitude_prune
 
 
-def apply_magnitude(model: nn.Module, calib_batches: list[Any], cfg: MagnitudeConfig, *, progress: bool = True) -> CompressionResult:
+def apply_magnitude(
+    model: nn.Module,
+    calib_batches: list[Any],
+    cfg: MagnitudeConfig,
+    *,
+    progress: bool = True,
+    layer_errors: bool = True,
+) -> CompressionResult:
     """Prune every decoder linear of ``model`` in place."""
 
     def fn(name, W, H):
@@ -21,5 +28,5 @@ def apply_magnitude(model: nn.Module, calib_batches: list[Any], cfg: MagnitudeCo
         return LinearResult(weight=w, mask=mask)
 
     return compress_linears(
-        model, calib_batches, fn, method="magnitude", config=asdict(cfg), hessian_dtype=torch.float32, progress=progress
+        model, calib_batches, fn, method="magnitude", config=asdict(cfg), layer_errors=layer_errors, needs="diag", hessian_dtype=torch.float32, progress=progress
     )

@@ -13,7 +13,14 @@ from lmforge.common.quant import quantize_rtn
 from lmforge.methods.rtn.config import RTNConfig
 
 
-def apply_rtn(model: nn.Module, calib_batches: list[Any], cfg: RTNConfig, *, progress: bool = True) -> CompressionResult:
+def apply_rtn(
+    model: nn.Module,
+    calib_batches: list[Any],
+    cfg: RTNConfig,
+    *,
+    progress: bool = True,
+    layer_errors: bool = True,
+) -> CompressionResult:
     """Quantize every decoder linear of ``model`` in place (weights end fake-quantized)."""
 
     def fn(name, W, H):
@@ -21,5 +28,5 @@ def apply_rtn(model: nn.Module, calib_batches: list[Any], cfg: RTNConfig, *, pro
         return LinearResult(weight=q.dequantize(), quantized=q)
 
     return compress_linears(
-        model, calib_batches, fn, method="rtn", config=asdict(cfg), hessian_dtype=torch.float32, progress=progress
+        model, calib_batches, fn, method="rtn", config=asdict(cfg), layer_errors=layer_errors, needs="diag", hessian_dtype=torch.float32, progress=progress
     )

@@ -13,7 +13,14 @@ from lmforge.methods.sparsegpt.config import SparseGPTConfig
 from lmforge.methods.sparsegpt.core import sparsegpt_prune
 
 
-def apply_sparsegpt(model: nn.Module, calib_batches: list[Any], cfg: SparseGPTConfig, *, progress: bool = True) -> CompressionResult:
+def apply_sparsegpt(
+    model: nn.Module,
+    calib_batches: list[Any],
+    cfg: SparseGPTConfig,
+    *,
+    progress: bool = True,
+    layer_errors: bool = True,
+) -> CompressionResult:
     """Prune every decoder linear of ``model`` in place."""
 
     cache = FactorCache()
@@ -22,4 +29,4 @@ def apply_sparsegpt(model: nn.Module, calib_batches: list[Any], cfg: SparseGPTCo
         w, mask = sparsegpt_prune(W, H, cfg, factor=cache.get(H, cfg.damp))
         return LinearResult(weight=w, mask=mask)
 
-    return compress_linears(model, calib_batches, fn, method="sparsegpt", config=asdict(cfg), progress=progress)
+    return compress_linears(model, calib_batches, fn, method="sparsegpt", config=asdict(cfg), layer_errors=layer_errors, needs="hessian", progress=progress)

@@ -14,7 +14,14 @@ from lmforge.methods.wanda.config import WandaConfig
 from lmforge.methods.wanda.core import wanda_prune
 
 
-def apply_wanda(model: nn.Module, calib_batches: list[Any], cfg: WandaConfig, *, progress: bool = True) -> CompressionResult:
+def apply_wanda(
+    model: nn.Module,
+    calib_batches: list[Any],
+    cfg: WandaConfig,
+    *,
+    progress: bool = True,
+    layer_errors: bool = True,
+) -> CompressionResult:
     """Prune every decoder linear of ``model`` in place."""
 
     def fn(name, W, H):
@@ -23,5 +30,5 @@ def apply_wanda(model: nn.Module, calib_batches: list[Any], cfg: WandaConfig, *,
         return LinearResult(weight=w, mask=mask)
 
     return compress_linears(
-        model, calib_batches, fn, method="wanda", config=asdict(cfg), hessian_dtype=torch.float32, progress=progress
+        model, calib_batches, fn, method="wanda", config=asdict(cfg), layer_errors=layer_errors, needs="diag", hessian_dtype=torch.float32, progress=progress
     )
