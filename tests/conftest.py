@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ["LMFORGE_NO_PROGRESS"] = "1"
@@ -43,3 +44,20 @@ def zoo_tokenizer():
     from lmforge.models.tokenizer import train_tokenizer
 
     return train_tokenizer(tokenizer_training_texts(0), 2048)
+
+
+@pytest.fixture(scope="session")
+def small():
+    """The committed agent-small (loads in a second; never modify it, deep-copy first)."""
+    from lmforge.models.load import load
+
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    return load("zoo:agent-small")
+
+
+@pytest.fixture(scope="session")
+def small_calib(small):
+    from lmforge.data.calibration import builtin_texts, token_windows
+
+    _, tok = small
+    return token_windows(tok, builtin_texts(0), 16, 256, 0)

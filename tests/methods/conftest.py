@@ -1,4 +1,4 @@
-"""Fixtures for the compression tests: the committed agent-small model and its calibration windows."""
+"""Fixtures for the compression tests (agent-small and its calibration windows are in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,22 +8,6 @@ import pytest
 import torch
 
 from lmforge.common.calibration import accumulate_linear_stats, iterate_layers
-
-
-@pytest.fixture(scope="session")
-def small():
-    from lmforge.models.load import load
-
-    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-    return load("zoo:agent-small")
-
-
-@pytest.fixture(scope="session")
-def small_calib(small):
-    from lmforge.data.calibration import builtin_texts, token_windows
-
-    _, tok = small
-    return token_windows(tok, builtin_texts(0), 16, 256, 0)
 
 
 @pytest.fixture(scope="session")
