@@ -120,6 +120,7 @@ def test_save_load_round_trip(tmp_path, family):
     overrides = {names[2]: (3, 32, True, True)}  # a 3-bit act-order layer among 4-bit ones
     qs = quantize_all(model, group_size=64, codebook_at=1, overrides=overrides)
     want = logits(model)
+    model.generation_config.max_new_tokens = 7  # saved generation settings must come back
     out = save_compressed(
         model,
         make_tokenizer(),
@@ -144,6 +145,7 @@ def test_save_load_round_trip(tmp_path, family):
 
     loaded, tok = load(str(out))
     assert tok.pad_token is not None
+    assert loaded.generation_config.max_new_tokens == 7
     assert set(quantized_modules(loaded)) == set(names)
     for i, name in enumerate(names):
         m = loaded.get_submodule(name)
@@ -380,7 +382,8 @@ def test_export_compressed_tensors_decompresses_exactly(tmp_path, bits, group_si
 def test_export_compressed_tensors_mixed_schemes(tmp_path):
     model = tiny("llama")
     names = list(decoder_linears(model))
-    qs = quantize_all(model, bits=4, group_size=32, sym=True, overrides={names[0]: (8, 0, False, False)})
+    assert names[3].endswith("o_proj")  # not fused by vLLM, so it may have its own scheme
+    qs = quantize_all(model, bits=4, group_size=32, sym=True, overrides={names[3]: (8, 0, False, False)})
     out = export_compressed_tensors(model, None, tmp_path / "ct")
     groups = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]
     assert sorted(len(g["targets"]) for g in groups.values()) == [1, len(names) - 1]
@@ -406,6 +409,10 @@ def test_export_compressed_tensors_refusals(tmp_path):
     names = list(decoder_linears(model))
     quantize_all(model, bits=4, group_size=32, overrides={names[3]: (4, 32, False, True)})
     assert "act-order" in refused(model)
+    model = tiny("llama")
+    names = list(decoder_linears(model))
+    quantize_all(model, bits=4, group_size=32, sym=True, overrides={names[0]: (8, 0, False, False)})
+    assert "fused" in refused(model)  # q_proj 8-bit beside 4-bit k/v: vLLM cannot fuse them
     model = tiny("gpt2")
     quantize_all(model)
     assert "Conv1D" in refused(model)
@@ -443,3 +450,44 @@ def test_save_pruned_then_export_keeps_the_record(tmp_path):
     assert model.config.sparsity == record
     out = export_compressed_tensors(model, None, tmp_path / "ct")
     assert json.loads((out / "config.json").read_text())["sparsity"] == record
+
+
+def test_pruned_nm_check_uses_n_pruned_of_m(tmp_path, zoo_tokenizer):
+    """1:4 (one pruned in every four) saves; a 3:4 claim on the same weights is refused."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lmforge.common.errors import UserError
+    from lmforge.common.sparsity import NMPattern, nm_mask
+    from lmforge.models.quantized import save_pruned
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(zoo_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(cfg)
+    names = []
+    with torch.no_grad():
+        for name, mod in model.model.layers[0].named_modules():
+            if isinstance(mod, torch.nn.Linear):
+                mod.weight.masked_fill_(nm_mask(mod.weight.abs(), NMPattern(1, 4)), 0.0)
+                names.append(f"model.layers.0.{name}")
+    per_layer = {n: 0.25 for n in names}
+    save_pruned(model, zoo_tokenizer, tmp_path / "ok", sparsity_config={"method": "magnitude", "sparsity": 0.25,
+                                                                         "pattern": "1:4", "per_layer": per_layer})
+    with pytest.raises(UserError, match="not 3:4 sparse"):
+        save_pruned(model, zoo_tokenizer, tmp_path / "bad", sparsity_config={"method": "magnitude", "sparsity": 0.75,
+                                                                              "pattern": "3:4", "per_layer": per_layer})
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(ValueError, match="plain file name"):
+        save_pruned(model, zoo_tokenizer, tmp_path / "x", sparsity_config={"method": "m", "sparsity": 0.25,
+                    "pattern": "1:4", "per_layer": per_layer}, extra_files={"config.json": {}})
+
+
+def test_duplicate_outliers_are_refused():
+    from lmforge.common.qlinear import CodebookQuantLinear
+    from lmforge.common.quant import CodebookQuantized
+
+    q = CodebookQuantized(codes=torch.zeros(2, 4, dtype=torch.uint8), codebook=torch.zeros(2, 4), bits=2,
+                          outlier_rows=torch.tensor([0, 0]), outlier_cols=torch.tensor([1, 1]),
+                          outlier_vals=torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match="duplicate"):
+        CodebookQuantLinear.from_quantized(q)

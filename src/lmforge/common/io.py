@@ -62,6 +62,10 @@ def atomic_dir(out: str | Path, overwrite: bool = False) -> Iterator[Path]:
             _public(path, 0o666)
         elif path.is_dir():
             _public(path, 0o777)
+    if final.exists() and not overwrite:
+        # Something appeared at the destination while we worked: never replace it silently.
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"output '{final}' appeared while writing; pass --overwrite to replace it")
     if final.exists():
         # Move the old result aside first so that a failure mid-swap still leaves one of the two.
         old = final.with_name(f".{final.name}.old-{os.getpid()}")

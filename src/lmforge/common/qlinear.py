@@ -625,6 +625,11 @@ class CodebookQuantLinear(_QuantLinearBase):
                 m.outlier_rows.copy_(q.outlier_rows.reshape(-1).to(torch.int32))
                 m.outlier_cols.copy_(q.outlier_cols.reshape(-1).to(torch.int32))
                 m.outlier_vals.copy_(q.outlier_vals.reshape(-1).to(torch.float32))
+                r, c = m.outlier_rows.long(), m.outlier_cols.long()
+                if bool(((r < 0) | (r >= m.out_features) | (c < 0) | (c >= m.in_features)).any()):
+                    raise ValueError("outlier positions out of range")
+                if torch.unique(r * m.in_features + c).numel() != r.numel():
+                    raise ValueError("duplicate outlier positions (the matmul would add them twice)")
             if bias is not None:
                 m.bias.copy_(bias.detach())
         return m

@@ -90,7 +90,6 @@ _DERIVED = (
 )
 _SAFE_SINGLE = "model.safetensors"
 _SAFE_INDEX = "model.safetensors.index.json"
-_NM = re.compile(r"^(\d+):(\d+)$")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -308,11 +307,20 @@ def _parse_quant_config(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
 
 
 def _module_params(qc: dict[str, Any], name: str, folder: Path) -> dict[str, Any]:
+    where = f"quantization_config in '{folder}/config.json'"
     spec = {k: qc.get(k) for k in ("bits", "group_size", "sym")}
-    spec.update((qc.get("module_overrides") or {}).get(name, {}))
+    overrides = qc.get("module_overrides") or {}
+    if not isinstance(overrides, dict) or not isinstance(overrides.get(name, {}), dict):
+        raise UserError(f"{where}: 'module_overrides' must map module names to objects")
+    spec.update(overrides.get(name, {}))
     bits = spec.get("bits")
-    if not isinstance(bits, int) or not 1 <= bits <= 8:
-        raise UserError(f"quantization_config in '{folder}/config.json' gives module '{name}' no valid bits")
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 8:
+        raise UserError(f"{where} gives module '{name}' no valid bits")
+    gs = spec.get("group_size") or 0
+    if isinstance(gs, bool) or not isinstance(gs, int) or gs < -1:
+        raise UserError(f"{where} gives module '{name}' an invalid group_size {spec.get('group_size')!r}")
+    if not isinstance(spec.get("sym", False), (bool, type(None))):
+        raise UserError(f"{where} gives module '{name}' a non-boolean sym {spec.get('sym')!r}")
     return spec
 
 
@@ -429,8 +437,34 @@ def build_compressed_model(
             f"weights in '{folder}' do not match its config: {len(missing)} tensors missing "
             f"(e.g. {', '.join(sorted(missing)[:3])})"
         )
+    for name, kind in qc["modules"].items():
+        if kind == "codebook":
+            _check_outliers(model.get_submodule(name), f"'{folder}' module '{name}'")
+    # from_config leaves the generation settings at config.json's; the saved ones win, as with
+    # from_pretrained.
+    if (folder / "generation_config.json").is_file():
+        from transformers import GenerationConfig
+
+        try:
+            model.generation_config = GenerationConfig.from_pretrained(str(folder), local_files_only=True)
+        except Exception as exc:
+            raise UserError(f"cannot read '{folder}/generation_config.json': {_one_line(exc)}") from None
     model.config.quantization_config = copy.deepcopy(qc)
     return model.eval()
+
+
+def _check_outliers(module: nn.Module, where: str) -> None:
+    """Outlier positions of a codebook layer must be in range and distinct (a duplicate would be
+    added twice by the matmul but stored once by the dequantized weight)."""
+    rows, cols = getattr(module, "outlier_rows", None), getattr(module, "outlier_cols", None)
+    if rows is None or cols is None or rows.numel() == 0:
+        return
+    out_f, in_f = module.out_features, module.in_features
+    r, c = rows.long(), cols.long()
+    if bool(((r < 0) | (r >= out_f) | (c < 0) | (c >= in_f)).any()):
+        raise UserError(f"{where}: outlier positions out of range")
+    if torch.unique(r * in_f + c).numel() != r.numel():
+        raise UserError(f"{where}: duplicate outlier positions")
 
 
 def _tied_to_loaded(model: nn.Module, key: str, state: dict[str, torch.Tensor]) -> bool:
@@ -495,21 +529,24 @@ def _check_sparsity_record(record: Any) -> dict[str, Any]:
 
 
 def nm_violations(weight: torch.Tensor, n: int, m: int) -> int:
-    """How many groups of ``m`` consecutive inputs of the ``(out, in)`` ``weight`` hold more than ``n``
-    nonzeros (all of them, if ``in`` is not a multiple of ``m``)."""
+    """How many full runs of ``m`` consecutive inputs of the ``(out, in)`` ``weight`` have fewer than
+    ``n`` zeros (lmforge's, Wanda's, SparseGPT's and llm-compressor's N:M: N pruned in every M). A
+    trailing run shorter than ``m`` is not checked, as :func:`lmforge.common.sparsity.nm_mask` prunes
+    it proportionally."""
     out_f, in_f = weight.shape
-    if in_f % m:
-        return out_f * math.ceil(in_f / m)
-    nonzero = (weight.reshape(out_f, in_f // m, m) != 0).sum(dim=-1)
-    return int((nonzero > n).sum())
+    full = in_f - in_f % m
+    zeros = (weight[:, :full].reshape(out_f, full // m, m) == 0).sum(dim=-1)
+    return int((zeros < n).sum())
 
 
 def _check_pattern(model: nn.Module, record: dict[str, Any]) -> None:
-    """For an ``"N:M"`` pattern, every layer named in ``per_layer`` must keep at most N of each M."""
-    match = _NM.match(record["pattern"].strip())
-    if not match:
+    """For an ``"N:M"`` pattern, every layer named in ``per_layer`` must prune N of each M."""
+    from lmforge.common.sparsity import parse_pattern
+
+    pattern = parse_pattern(record["pattern"])  # UserError for a malformed pattern
+    if pattern is None:
         return
-    n, m = int(match.group(1)), int(match.group(2))
+    n, m = pattern.n, pattern.m
     for name in record.get("per_layer", {}):
         try:
             module = model.get_submodule(name)
@@ -518,7 +555,7 @@ def _check_pattern(model: nn.Module, record: dict[str, Any]) -> None:
         if isinstance(module, nn.Linear) or _is_conv1d(module):
             bad = nm_violations(_dense_weight(module), n, m)
             if bad:
-                raise UserError(f"'{name}' is not {n}:{m} sparse ({bad} groups of {m} keep more than {n} weights)")
+                raise UserError(f"'{name}' is not {n}:{m} sparse ({bad} runs of {m} inputs have fewer than {n} zeros)")
 
 
 def save_pruned(
@@ -549,6 +586,10 @@ def save_pruned(
         ValueError: a malformed ``sparsity_config``.
     """
     record = _check_sparsity_record(sparsity_config)
+    for name in extra_files or {}:
+        if not name or Path(name).name != name or name.startswith(".") or name in ("config.json", "generation_config.json") \
+                or name.endswith((".safetensors", ".bin")) or name.startswith("tokenizer"):
+            raise ValueError(f"extra file name {name!r} must be a plain file name that is not a checkpoint file")
     if quantized_modules(model):
         raise UserError("the model has quantized layers; save it with save_compressed")
     _check_pattern(model, record)
@@ -573,6 +614,24 @@ def _ct_key(module: UniformQuantLinear) -> tuple[int, int, bool]:
     """``(bits, group_size or 0 for per-channel, sym)`` of a layer, as compressed-tensors sees it."""
     gs = module.group_size if module.n_groups > 1 else 0  # one group per row is per-channel
     return module.bits, gs, module.sym
+
+
+# Linear layers vLLM fuses into one (q/k/v, gate/up): they must share one quantization scheme.
+_FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def _check_fused_schemes(model: nn.Module, qmods: dict[str, nn.Module]) -> None:
+    for parent_name, parent in model.named_modules():
+        for group in _FUSED:
+            members = [f"{parent_name}.{n}" if parent_name else n for n in group if hasattr(parent, n)]
+            if len(members) < 2:
+                continue
+            keys = {(_ct_key(qmods[m]) if m in qmods else None) for m in members}
+            if len(keys) > 1:
+                raise UserError(
+                    f"{', '.join(members)} are fused into one layer by vLLM and must share one quantization "
+                    "scheme (or all stay dense); they do not"
+                )
 
 
 def _check_ct_exportable(name: str, module: nn.Module) -> None:
@@ -706,6 +765,7 @@ def export_compressed_tensors(
 
     for name, module in qmods.items():
         _check_ct_exportable(name, module)
+    _check_fused_schemes(model, qmods)
 
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import QuantizationConfig, QuantizationStatus

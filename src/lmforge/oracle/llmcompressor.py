@@ -379,6 +379,9 @@ def run_llmcompressor(
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     seqs = _split_sequences(calib)
+    if not any(isinstance(m, nn.Linear) and "lm_head" not in n for n, m in model.named_modules()):
+        # llm-compressor targets nn.Linear; GPT-2's Conv1D layers would be left untouched silently.
+        raise ValueError("the model has no nn.Linear layers besides lm_head (GPT-2 Conv1D?); llm-compressor would do nothing")
     if method in ("gptq", "awq") and group_size is not None and group_size > 0:
         # compressed-tensors' observers reshape a row into whole groups: no ragged last group
         linears = [m for n, m in model.named_modules() if isinstance(m, nn.Linear) and "lm_head" not in n]
