@@ -29,6 +29,8 @@ plain PyTorch, CPU and GPU alike.
 
 from __future__ import annotations
 
+import abc
+
 import math
 import sys
 from collections.abc import Callable
@@ -345,8 +347,9 @@ def _make_bias(out_features: int, bias: bool, dtype: torch.dtype, device: torch.
     return nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device), requires_grad=False)
 
 
-class _QuantLinearBase(nn.Module):
-    """Shared bits of the two quantized linear layers (shape checks, bias, weight cache)."""
+class _QuantLinearBase(nn.Module, abc.ABC):
+    """Shared bits of the two quantized linear layers (shape checks, bias, weight cache); the
+    subclasses say which tensors hold the weight and how to dequantize it."""
 
     in_features: int
     out_features: int
@@ -373,11 +376,13 @@ class _QuantLinearBase(nn.Module):
             self._cache = (key, self.dequantize_weight().to(device=device, dtype=dtype))
         return self._cache[1]
 
+    @abc.abstractmethod
     def _weight_tensors(self) -> list[torch.Tensor]:
-        raise NotImplementedError
+        """The buffers that hold the weight (what :func:`weight_bytes` counts)."""
 
+    @abc.abstractmethod
     def dequantize_weight(self) -> torch.Tensor:
-        raise NotImplementedError
+        """The dense ``(out, in)`` float32 weight these buffers stand for."""
 
     def clear_cache(self) -> None:
         """Drop the cached dequantized weight (only used with ``cache_weight=True``)."""
