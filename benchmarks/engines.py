@@ -17,7 +17,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -25,6 +24,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from _timing import time_interleaved  # noqa: E402
 from lmforge.common.generation import generate  # noqa: E402
 from lmforge.common.io import atomic_write_json  # noqa: E402
 
@@ -76,20 +76,6 @@ def make_prompts(n: int) -> list[str]:
         length = 4 + (i * 7) % 45  # 4..48 words
         prompts.append(" ".join(WORDS[(i + j) % len(WORDS)] for j in range(length)))
     return prompts
-
-
-def time_interleaved(fns: dict, runs: int) -> dict[str, list[float]]:
-    """Wall times of each function, ``runs`` times, interleaved (A B A B ...) after one warm-up each,
-    so that background load on the machine affects both sides alike."""
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(runs):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return times
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -29,26 +29,13 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from _timing import time_interleaved  # noqa: E402
 from lmforge.common.io import atomic_write_json  # noqa: E402
 from lmforge.common.qlinear import CodebookQuantLinear, UniformQuantLinear, weight_bytes  # noqa: E402
 from lmforge.common.quant import CodebookQuantized, quantize_rtn  # noqa: E402
 
 # (out, in): a small projection, a Llama-7B attention projection, a Llama-7B MLP up-projection.
 SHAPES = [(1024, 1024), (4096, 4096), (11008, 4096)]
-
-
-def time_interleaved(fns: dict, runs: int) -> dict[str, list[float]]:
-    """Wall times of each function, ``runs`` times, interleaved after one warm-up each, so that
-    background load on the machine affects every path alike."""
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(runs):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return times
 
 
 def codebook_layer(w: torch.Tensor, bits: int, method: str, seed: int) -> CodebookQuantLinear:

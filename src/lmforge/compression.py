@@ -24,7 +24,7 @@ from torch import nn
 from lmforge.common.compress import CompressionResult
 from lmforge.common.errors import UserError
 
-__all__ = ["METHODS", "CompressMethod", "CompressionJob", "heldout_perplexity", "make_config", "pack_model", "run_compression"]
+__all__ = ["METHOD_NAMES", "CompressMethod", "check_exportable", "CompressionJob", "heldout_perplexity", "make_config", "pack_model", "run_compression"]
 
 
 @dataclass(frozen=True)

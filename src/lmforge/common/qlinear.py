@@ -30,7 +30,6 @@ plain PyTorch, CPU and GPU alike.
 from __future__ import annotations
 
 import abc
-
 import math
 import sys
 from collections.abc import Callable
