@@ -25,6 +25,9 @@ class GPTQConfig:
 
     bits: int = 4
     group_size: int = 128
+    # NOTE: the reference code quantizes asymmetrically unless --sym is given; lmforge defaults to
+    # symmetric, llm-compressor's W4A16 preset, because that is what vLLM/compressed-tensors serve
+    # most widely (and what the export refuses least). sym=false gives the reference grid.
     sym: bool = True
     act_order: bool = False
     damp: float = 0.01
