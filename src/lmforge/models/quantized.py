@@ -43,9 +43,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
-import math
 import os
-import re
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any

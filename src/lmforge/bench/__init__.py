@@ -1,0 +1,1 @@
+"""Benchmarks over models x compressions: ACBench (``lmforge bench acbench``)."""
