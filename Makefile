@@ -1,5 +1,5 @@
 # Two commands for a fresh machine that has only Python:
-#   make demo   the main job: the zoo reproduction report (reports/zoo/report.html)
+#   make demo   the main job: ACBench on the demo zoo model (reports/acbench/report.html)
 #   make test   the test suite (slow, gpu and network markers are skipped)
 PYTHON ?= python3
 VENV   := .venv
@@ -29,7 +29,7 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/lmforge reproduce zoo --out reports --overwrite
+	$(VENV)/bin/lmforge reproduce acbench --out reports --overwrite
 
 # pytest's exit 5 (nothing collected) counts as a failure: a suite that runs nothing proves nothing.
 test: $(STAMP)

@@ -313,6 +313,39 @@ def bench_acbench(
     typer.echo(f"results: {out / 'results.json'}")
 
 
+@bench_app.command("export-lmeval")
+def bench_export_lmeval(
+    out: Annotated[Path, typer.Argument(help="Folder for the lm-eval task YAMLs, their jsonl data and lmforge_utils.py.")],
+    model: Annotated[str, typer.Option("--model", "-m", help="The model whose tokenizer renders the prompts (a local HF folder or zoo:NAME).")],
+    tasks: Annotated[list[str] | None, typer.Option("--tasks", "-t", help="Tasks or capabilities; default all single-turn tasks.")] = None,
+    data: Annotated[Path | None, typer.Option(help="Folder with the official task files; default: built-in data written to OUT/data.")] = None,
+    limit: Annotated[int | None, typer.Option(help="At most N records per task.")] = None,
+    prompt_format: Annotated[str, typer.Option(help="auto | chat | plain | zoo.")] = "auto",
+    seed: Annotated[int, typer.Option(help="Seed of the built-in data.")] = 0,
+    allow_pickle: PickleOpt = False,
+    trust_remote_code: RemoteOpt = False,
+) -> None:
+    """Export ACBench's single-turn tasks (workflow, tool use, needle, QA) as lm-eval tasks over local
+    jsonl, scored by lmforge's scorers; prints the `lm_eval` command that runs them (offline)."""
+    import shlex
+
+    from lmforge.bench.acbench import _prompt_format, builtin_data, user_data
+    from lmforge.bench.lmeval import export_lmeval, lmeval_command
+    from lmforge.bench.tasks import parse_task_list
+    from lmforge.common.generation import max_positions
+    from lmforge.models import load
+    from lmforge.models.load import resolve_spec
+
+    names = parse_task_list(tasks)
+    files = user_data(data, names) if data else builtin_data(out / "data", seed, names)
+    lm, tok = load(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+    fmt = _prompt_format(prompt_format, model, tok)
+    exported = export_lmeval(out, files, tok, fmt, limit=limit, seed=seed, max_positions=max_positions(lm))
+    typer.echo(f"exported {len(exported)} lm-eval tasks to {out} ({fmt} prompts): {', '.join(exported)}")
+    typer.echo("run them with:")
+    typer.echo("  " + shlex.join(lmeval_command(out, str(resolve_spec(model)), ["lmforge_acbench"], limit)))
+
+
 @bench_app.command("tasks")
 def bench_tasks(as_json: JsonOpt = False) -> None:
     """List ACBench's tasks: capability, headline metric and the file name a --data folder holds."""

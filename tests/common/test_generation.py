@@ -186,3 +186,14 @@ def test_run_in_batches_sorts_by_length_and_restores_order():
     lengths = [3, 9, 1, 7, 5]
     assert run_in_batches(lengths, 2, fn) == [f"item{i}" for i in range(5)]
     assert seen == [[1, 3], [4, 0], [2]]  # longest first, two at a time
+
+
+def test_prompt_that_starts_with_bos_text_gets_no_second_bos(small):
+    """A rendered chat template begins with the BOS text; encoding must not add another BOS."""
+    from lmforge.common.generation import encode_prompt
+
+    _, tok = small
+    plain = encode_prompt(tok, "Task: email Anna.")
+    assert plain[0] == tok.bos_token_id and plain[1] != tok.bos_token_id
+    rendered = encode_prompt(tok, tok.bos_token + "Task: email Anna.")
+    assert rendered == plain

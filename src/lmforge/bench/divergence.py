@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.common.batching import inference
-from lmforge.common.generation import max_positions, model_device, pad_token_id, eos_token_ids
+from lmforge.common.generation import encode_prompt, eos_token_ids, max_positions, model_device, pad_token_id
 from lmforge.common.scoring import encode_pair
 from lmforge.eval.compare import energy, erank, topk_agreement
 
@@ -105,7 +105,7 @@ def compare_internals(
     lo: list[torch.Tensor] = []
     lc: list[torch.Tensor] = []
     for text in texts:
-        ids = tokenizer(text, return_tensors="pt")["input_ids"][:, :limit]
+        ids = torch.tensor([encode_prompt(tokenizer, text)[:limit]], dtype=torch.long)
         if ids.shape[1] < 2:
             continue
         h_o, z_o = _forward_states(base, ids)

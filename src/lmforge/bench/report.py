@@ -25,6 +25,7 @@ from lmforge.report.render import _CSS, _esc, _html_table, _md_table
 
 __all__ = ["write_report"]
 
+_EXTRA_CSS = "\n.scroll { overflow-x: auto; }\n"
 _CAP_TITLES = {"workflow": "Workflow", "tool_use": "Tool use", "long_context": "Long context", "real_world": "Real world"}
 
 
@@ -109,14 +110,27 @@ def _figure_energy(analysis: dict[str, dict[str, Any]], path: Path, title: str) 
 def _figure_erank(analysis: dict[str, dict[str, Any]], path: Path, title: str) -> Path | None:
     if not analysis:
         return None
-    from lmforge.report.render import plot_curves
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
+    fig = Figure(figsize=(6.0, 4.0))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
     first = next(iter(analysis.values()))["erank"]["original"]
-    series = {"original": (list(range(len(first))), first)}
+    layers = list(range(len(first)))
+    ax.plot(layers, first, marker="o", color="black", label="original")
     for label, a in analysis.items():
-        er = a["erank"]["compressed"]
-        series[label] = (list(range(len(er))), er)
-    return plot_curves(path, series, xlabel="hidden-state layer (0 = embeddings)", ylabel="ERank", title=title)
+        ax.plot(layers, a["erank"]["compressed"], marker="o", markersize=3, label=label)
+    ax.set_xticks(layers)
+    ax.set_xlabel("hidden-state layer (0 = embeddings)")
+    ax.set_ylabel("ERank")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, format="png")
+    return path
 
 
 class _Doc:
@@ -138,7 +152,7 @@ class _Doc:
         self.md += [text, ""]
 
     def table(self, columns: list[str], rows: list[list[Any]], cls: str = "") -> None:
-        self.html.append(_html_table(columns, rows, cls=cls))
+        self.html.append(f'<div class="scroll">{_html_table(columns, rows, cls=cls)}</div>')
         self.md += _md_table(columns, rows) + [""]
 
     def figure(self, path: Path | None, caption: str) -> None:
@@ -161,7 +175,7 @@ def write_report(data: dict[str, Any], out: Path, title: str = "ACBench: agent c
     summary = summarize(data)
     doc.html += ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
                  '<meta name="viewport" content="width=device-width, initial-scale=1">',
-                 f"<title>{_esc(title)}</title>", f"<style>{_CSS}</style>", "</head><body>"]
+                 f"<title>{_esc(title)}</title>", f"<style>{_CSS}{_EXTRA_CSS}</style>", "</head><body>"]
     doc.heading(1, title)
     n_cells = len(data["cells"])
     n_total = len(header["models"]) * len(header["settings"]) * len(header["tasks"])
@@ -193,26 +207,31 @@ def write_report(data: dict[str, Any], out: Path, title: str = "ACBench: agent c
             doc.heading(3, "Capability scores and relative change against the original")
             doc.para("Capability score = mean of its tasks' headline metrics on a 0-1 scale (NIAH / 10).", cls="meta")
             doc.table(["setting"] + [_CAP_TITLES[c] for c in caps], rows, cls="summary")
-        # One table per capability.
+        # One table per capability: tasks as rows, settings as columns.
+        settings = [s for s in header["settings"] if s in by_setting]
         for cap in CAPABILITIES:
             tasks = [t for t in header["tasks"] if any(c["task"] == t and c["capability"] == cap for c in cells)]
             if not tasks:
                 continue
             doc.heading(3, _CAP_TITLES[cap], anchor=f"{mslug}-{cap}")
-            cols = ["setting"]
+            rows, div_rows = [], []
             for t in tasks:
                 metric = next(c["primary"] for c in cells if c["task"] == t)
-                cols += [f"{t} ({metric})", "change", "answer NLL", "KL"]
-            rows = []
-            for s in header["settings"]:
-                entry = by_setting.get(s, {"tasks": {}})["tasks"]
-                row: list[Any] = [s]
-                for t in tasks:
-                    v = entry.get(t)
-                    row += ([_num(v["value"]), _pct(v["relative"]) if s != ORIGINAL else "", _num(v["answer_nll"]),
-                             _num(v["answer_kl"], 4)] if v else ["—"] * 4)
+                row: list[Any] = [f"{t} ({metric})"]
+                drow: list[Any] = [t]
+                for s in settings:
+                    v = by_setting[s]["tasks"].get(t)
+                    if v is None:
+                        row.append("—")
+                        drow.append("—")
+                        continue
+                    row.append(_num(v["value"]) if s == ORIGINAL else f"{_num(v['value'])} ({_pct(v['relative'])})")
+                    drow.append(_num(v["answer_nll"]) if s == ORIGINAL else f"{_num(v['answer_nll'])} / {_num(v['answer_kl'], 4)}")
                 rows.append(row)
-            doc.table(cols, rows, cls=f"capability {cap}")
+                div_rows.append(drow)
+            doc.table(["task (metric)"] + settings, rows, cls=f"capability {cap}")
+            doc.para("Answer NLL (nats/token) of the gold completions; for compressed settings: NLL / KL against the original.", cls="meta")
+            doc.table(["task"] + settings, div_rows, cls=f"divergence {cap}")
         # Length buckets and episodes.
         model_cells = [c for c in cells if c["model"] == model]
         bucket_rows = []
@@ -240,18 +259,16 @@ def write_report(data: dict[str, Any], out: Path, title: str = "ACBench: agent c
         if analysis:
             doc.heading(3, "Analysis against the original (ERank, top-k ranking, energy)", anchor=f"{mslug}-analysis")
             ks = sorted({k for a in analysis.values() for k in a["topk"]}, key=int)
-            cols = ["setting", "tokens", "ERank diff (last layer)", "mean |ERank diff|"]
-            cols += [f"Jaccard@{k}" for k in ks] + [f"Kendall tau@{k}" for k in ks] + [f"Spearman rho@{k}" for k in ks]
-            cols += ["energy mean (orig)", "energy mean (comp)"]
-            rows = []
-            for s, a in analysis.items():
-                d = a["erank"]["diff"]
-                rows.append([s, a["tokens"], _num(d[-1]), _num(sum(abs(x) for x in d) / len(d))]
-                            + [_num(a["topk"][k]["jaccard"]) for k in ks]
-                            + [_num(a["topk"][k]["kendall_tau"]) for k in ks]
-                            + [_num(a["topk"][k]["spearman_rho"]) for k in ks]
-                            + [_num(a["energy"]["mean_original"], 2), _num(a["energy"]["mean_compressed"], 2)])
-            doc.table(cols, rows, cls="analysis")
+            names = list(analysis)
+            rows = [["probe tokens"] + [a["tokens"] for a in analysis.values()],
+                    ["ERank diff, last layer"] + [_num(a["erank"]["diff"][-1]) for a in analysis.values()],
+                    ["mean |ERank diff| over layers"] + [_num(sum(abs(x) for x in a["erank"]["diff"]) / len(a["erank"]["diff"]))
+                                                         for a in analysis.values()]]
+            for key, label in (("jaccard", "Jaccard"), ("kendall_tau", "Kendall tau"), ("spearman_rho", "Spearman rho")):
+                rows += [[f"{label}@{k}"] + [_num(a["topk"][k][key]) for a in analysis.values()] for k in ks]
+            rows.append(["energy mean, original"] + [_num(a["energy"]["mean_original"], 2) for a in analysis.values()])
+            rows.append(["energy mean, compressed"] + [_num(a["energy"]["mean_compressed"], 2) for a in analysis.values()])
+            doc.table(["metric"] + names, rows, cls="analysis")
             doc.figure(_figure_energy(analysis, figs / f"energy-{mslug}.png", f"{model}: energy per position"),
                        "Energy -logsumexp(logits) per position: original vs each compressed setting.")
             doc.figure(_figure_erank(analysis, figs / f"erank-{mslug}.png", f"{model}: ERank per layer"),

@@ -7,7 +7,8 @@ and a loop that later methods (Minions, UDora) can step through are not its inte
 check this loop against ``model.generate`` token for token.
 
 * Prompts are encoded once with the tokenizer's own special tokens (``add_special_tokens=True``: a
-  Llama tokenizer adds its BOS, a GPT-2 tokenizer adds nothing), sorted by length (longest first) and
+  Llama tokenizer adds its BOS, a GPT-2 tokenizer adds nothing; not when the prompt text already
+  starts with the BOS token, as a rendered chat template does: :func:`encode_prompt`), sorted by length (longest first) and
   cut into batches of ``batch_size`` so that rows in a batch need little padding. Outputs come back in
   the input order.
 * Batches are **left-padded** with an explicit ``attention_mask``; ``position_ids`` are computed from
@@ -73,6 +74,15 @@ def model_device(model: nn.Module) -> torch.device:
     for p in model.parameters():
         return p.device
     return torch.device("cpu")
+
+
+def encode_prompt(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of a prompt with the tokenizer's special tokens, unless the text already starts with
+    the BOS token's text (a rendered chat template does), which would otherwise be doubled; lm-eval
+    makes the same check."""
+    bos = getattr(tokenizer, "bos_token", None)
+    add = not (isinstance(bos, str) and bos and text.startswith(bos))
+    return list(tokenizer(text, add_special_tokens=add)["input_ids"])
 
 
 def eos_token_ids(model: nn.Module, tokenizer: Any) -> list[int]:
@@ -229,7 +239,7 @@ def generate(
     eos_ids = eos_token_ids(model, tokenizer)
     pad_id = pad_token_id(tokenizer, eos_ids)
 
-    encoded: list[list[int]] = tokenizer(prompts, add_special_tokens=True)["input_ids"]
+    encoded = [encode_prompt(tokenizer, p) for p in prompts]
     for i, ids in enumerate(encoded):
         if not ids:
             raise UserError(

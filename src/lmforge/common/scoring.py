@@ -30,7 +30,7 @@ from torch import nn
 
 from lmforge.common.errors import UserError
 from lmforge.common.batching import inference, run_in_batches
-from lmforge.common.generation import accepts_logits_to_keep, max_positions, model_device
+from lmforge.common.generation import accepts_logits_to_keep, encode_prompt, max_positions, model_device
 from lmforge.common.progress import make_progress
 
 
@@ -73,7 +73,7 @@ def _context_prefix(tokenizer: Any) -> list[int]:
 
 def encode_pair(tokenizer: Any, context: str, continuation: str) -> tuple[list[int], list[int]]:
     """Context ids (with the tokenizer's special tokens) and continuation ids (without)."""
-    ctx = tokenizer(context, add_special_tokens=True)["input_ids"]
+    ctx = encode_prompt(tokenizer, context)
     cont = tokenizer(continuation, add_special_tokens=False)["input_ids"]
     if not ctx:
         ctx = _context_prefix(tokenizer)
