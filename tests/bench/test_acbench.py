@@ -206,3 +206,19 @@ def test_answer_divergence_matches_the_scorer_and_is_zero_against_itself(small) 
         assert nll == pytest.approx(-r.mean, abs=1e-5)
     assert all(abs(k) < 1e-6 for k in d["kl"])
     assert all(math.isfinite(x) for x in d["nll"])
+
+
+def test_episode_actions_get_enough_new_tokens(small, tmp_path: Path) -> None:
+    """Every expert action of the built-in environments fits the task's per-step token budget (a
+    cut JSON call would count as an invalid action)."""
+    from lmforge.bench.acbench import builtin_data
+    from lmforge.bench.tasks import Context, get_task
+
+    _, tok = small
+    files = builtin_data(tmp_path, 0, ["blocksworld", "toolquery"], {"blocksworld": 30, "toolquery": 30})
+    for name, paths in files.items():
+        task = get_task(name)
+        ctx = Context(tokenizer=tok, fmt="zoo")
+        pairs = task.expert_pairs(task.load(paths[0], ctx), ctx)
+        longest = max(len(tok(c, add_special_tokens=False)["input_ids"]) for _, c in pairs)
+        assert longest + 2 <= task.action_tokens, (name, longest)

@@ -96,6 +96,7 @@ class BenchOptions:
     report: bool = True
     progress: bool = True
     builtin_sizes: dict[str, int] = field(default_factory=dict)
+    task_limits: dict[str, int] = field(default_factory=dict)  # per-task --limit overrides
 
 
 # --------------------------------------------------------------------------------------------------
@@ -257,8 +258,8 @@ def _generate_texts(model: Any, tok: Any, items: list[Item], batch_size: int, ad
     for i, it in enumerate(items):
         groups.setdefault((it.max_new_tokens, it.stop), []).append(i)
     for (max_new, stop), idx in groups.items():
-        # Longest prompts first, so padding stays small within each batch.
-        idx = sorted(idx, key=lambda i: len(items[i].prompt))
+        # Similar lengths together, so padding stays small within each batch.
+        idx = sorted(idx, key=lambda i: len(items[i].prompt), reverse=True)
         for s in range(0, len(idx), batch_size):
             chunk = idx[s : s + batch_size]
             res = generate(model, tok, [items[i].prompt for i in chunk], max_new_tokens=max_new, stop=list(stop),
@@ -299,7 +300,8 @@ def _episodic_cell(task: EpisodicTask, records: list[Any], model: Any, base: Any
     from lmforge.common.generation import generate
 
     def policy(observations: list[str]) -> list[str]:
-        res = generate(model, tok, observations, max_new_tokens=24, stop=["\n"], batch_size=opts.batch_size)
+        res = generate(model, tok, observations, max_new_tokens=task.action_tokens, stop=["\n"],
+                       batch_size=opts.batch_size)
         return [r.text for r in res]
 
     episodes = task.rollout(policy, records, ctx)
@@ -354,6 +356,7 @@ def run_acbench(opts: BenchOptions) -> dict[str, Any]:
     files = user_data(opts.data_dir, tasks) if opts.data_dir else builtin_data(opts.out / "data", opts.seed, tasks, opts.builtin_sizes)
     header = {
         "models": list(opts.models), "settings": labels, "tasks": tasks, "limit": opts.limit,
+        "task_limits": dict(sorted(opts.task_limits.items())),
         "prompt_format": opts.prompt_format, "seed": opts.seed, "embedder": opts.embedder,
         "length_buckets": list(opts.length_buckets), "max_steps": opts.max_steps,
         "calib": [opts.calib_samples, opts.calib_seq_len], "data": _fingerprint(files),
@@ -379,7 +382,7 @@ def run_acbench(opts: BenchOptions) -> dict[str, Any]:
             else:
                 assert isinstance(task, EpisodicTask)
                 per_file = [task.load(p, ctx) for p in files[t]]
-            task_items[t] = _interleave(per_file)[: opts.limit]
+            task_items[t] = _interleave(per_file)[: opts.task_limits.get(t, opts.limit)]
         for setting in settings:
             todo_here = [t for s, t in todo if s == setting]
             if not todo_here and setting not in todo_analysis:

@@ -269,6 +269,7 @@ class _AgentBoardTask(EpisodicTask):
 class BlocksworldTask(_AgentBoardTask):
     name = "blocksworld"
     env = "blocksworld"
+    action_tokens = 16  # " move A onto B" is 5 zoo tokens
     files = ("pddl.jsonl",)
     description = "AgentBoard PDDL blocksworld: progress rate (goal literals met), success, grounding accuracy"
 
@@ -276,6 +277,7 @@ class BlocksworldTask(_AgentBoardTask):
 class ToolQueryTask(_AgentBoardTask):
     name = "toolquery"
     env = "toolquery"
+    action_tokens = 64  # the zoo's JSON calls take up to ~32 tokens
     files = ("tool-query.jsonl",)
     description = "AgentBoard-style tool query: 2-3 chained tool calls; progress rate, success, grounding accuracy"
 

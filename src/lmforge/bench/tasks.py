@@ -131,6 +131,7 @@ class EpisodicTask(Task):
     """A multi-step environment task (AgentBoard style)."""
 
     episodic = True
+    action_tokens: int = 32  # new tokens allowed for one action
 
     @abstractmethod
     def load(self, path: Path, ctx: Context) -> list[Any]:
