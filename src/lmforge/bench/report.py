@@ -47,11 +47,21 @@ def _slug(text: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text).strip("_")
 
 
+def _save(fig: Any, path: Path) -> Path:
+    """Lay out and write a matplotlib Figure (Agg canvas, no pyplot) as PNG."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, format="png")
+    return path
+
+
 def _figure_niah(cells: list[dict[str, Any]], path: Path, title: str) -> Path | None:
     rows = [r for c in cells for r in c["per_item"]]
     if not rows or "meta_length" not in rows[0]:
         return None
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     lengths = sorted({r["meta_length"] for r in rows})
@@ -60,7 +70,6 @@ def _figure_niah(cells: list[dict[str, Any]], path: Path, title: str) -> Path | 
     for r in rows:
         grid[depths.index(r["meta_depth"])][lengths.index(r["meta_length"])] = r["score"]
     fig = Figure(figsize=(1.2 + 0.9 * len(lengths), 1.0 + 0.45 * len(depths)))
-    FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     im = ax.imshow(grid, vmin=0, vmax=10, cmap="RdYlGn", aspect="auto", origin="upper")
     ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
@@ -73,21 +82,16 @@ def _figure_niah(cells: list[dict[str, Any]], path: Path, title: str) -> Path | 
             if not math.isnan(grid[i][j]):
                 ax.text(j, i, f"{grid[i][j]:.1f}", ha="center", va="center", fontsize=7)
     fig.colorbar(im, ax=ax, label="10 x ROUGE-1 F")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, format="png")
-    return path
+    return _save(fig, path)
 
 
 def _figure_energy(analysis: dict[str, dict[str, Any]], path: Path, title: str) -> Path | None:
     if not analysis:
         return None
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     n = len(analysis)
     fig = Figure(figsize=(4.0 * min(n, 3), 3.2 * math.ceil(n / 3)))
-    FigureCanvasAgg(fig)
     for k, (label, a) in enumerate(analysis.items()):
         ax = fig.add_subplot(math.ceil(n / 3), min(n, 3), k + 1)
         e = a["energy"]
@@ -101,20 +105,15 @@ def _figure_energy(analysis: dict[str, dict[str, Any]], path: Path, title: str) 
         ax.set_title(label, fontsize=9)
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, format="png")
-    return path
+    return _save(fig, path)
 
 
 def _figure_erank(analysis: dict[str, dict[str, Any]], path: Path, title: str) -> Path | None:
     if not analysis:
         return None
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(6.0, 4.0))
-    FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     first = next(iter(analysis.values()))["erank"]["original"]
     layers = list(range(len(first)))
@@ -127,10 +126,7 @@ def _figure_erank(analysis: dict[str, dict[str, Any]], path: Path, title: str) -
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, format="png")
-    return path
+    return _save(fig, path)
 
 
 class _Doc:

@@ -24,7 +24,6 @@ models, which never saw the official instructions; the scoring is the official o
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -194,20 +193,10 @@ def _load_tasks() -> None:
 
 def read_jsonl(path: Path, what: str) -> list[tuple[str, dict[str, Any]]]:
     """``(where, record)`` pairs of a JSON-lines file; a bad line is a one-line error naming it."""
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{what} file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read {path}: {exc}") from None
+    from lmforge.common.io import parse_json_lines, read_user_text
+
     out = []
-    for i, line in enumerate(raw.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}:{i}: not valid JSON ({exc.msg})") from None
+    for i, rec in parse_json_lines(path, read_user_text(path, what)):
         if not isinstance(rec, dict):
             raise UserError(f"{path}:{i}: expected a JSON object per line")
         out.append((f"{path}:{i}", rec))

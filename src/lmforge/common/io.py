@@ -98,3 +98,39 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 def atomic_write_json(path: str | Path, obj: Any) -> Path:
     """Write ``obj`` as indented JSON atomically."""
     return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+# ---------------------------------------------------------------- reading user files
+
+
+def read_user_text(path: str | Path, what: str) -> str:
+    """A user's UTF-8 file; a missing or unreadable file is a one-line :class:`UserError`."""
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{what} file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read {path}: {exc}") from None
+
+
+def parse_json_text(path: str | Path, raw: str) -> Any:
+    """``json.loads(raw)``; invalid JSON is a one-line error naming ``path`` and the line."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+
+
+def parse_json_lines(path: str | Path, raw: str) -> list[tuple[int, Any]]:
+    """``(line number, value)`` of each non-blank line of a JSON-lines text; a bad line is a
+    one-line error naming ``path`` and the line."""
+    out = []
+    for i, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append((i, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}:{i}: not valid JSON ({exc.msg})") from None
+    return out

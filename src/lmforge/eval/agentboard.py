@@ -81,7 +81,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.common.errors import UserError
-from lmforge.common.io import atomic_write_text
+from lmforge.common.io import atomic_write_text, parse_json_lines, read_user_text
 from lmforge.data import textworld, toolcalls
 from lmforge.eval.longctx import MAX_STEPS, episode_scores
 
@@ -293,20 +293,8 @@ def parse_records(records: Iterable[tuple[str, Any]]) -> list[Problem]:
 def load(path: str | Path) -> list[Problem]:
     """Read an AgentBoard-style JSON-lines goal file (blank lines are skipped)."""
     path = Path(path)
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"AgentBoard file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read {path}: {exc}") from None
-    pairs = []
-    for i, line in enumerate(raw.splitlines(), 1):
-        if line.strip():
-            try:
-                pairs.append((f"{path}:{i}", json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}:{i}: not valid JSON ({exc.msg})") from None
-    problems = parse_records(pairs)
+    lines = parse_json_lines(path, read_user_text(path, "AgentBoard"))
+    problems = parse_records([(f"{path}:{i}", rec) for i, rec in lines])
     if not problems:
         raise UserError(f"{path}: no AgentBoard records")
     return problems

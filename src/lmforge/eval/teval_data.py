@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.common.errors import UserError
-from lmforge.common.io import atomic_write_text
+from lmforge.common.io import atomic_write_text, parse_json_lines, parse_json_text, read_user_text
 from lmforge.data import toolcalls
 from lmforge.eval import teval
 from lmforge.eval.metrics import Embedder, trigram_embed
@@ -99,29 +99,15 @@ class TEvalItem:
 
 def _records(path: Path) -> list[tuple[str, Any]]:
     """``(id, record)`` pairs from a T-Eval JSON object, a JSON list or JSON lines with ``id``."""
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"T-Eval file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read {path}: {exc}") from None
+    raw = read_user_text(path, "T-Eval")
     if path.suffix == ".jsonl":
         rows = []
-        for i, line in enumerate(raw.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}:{i}: not valid JSON ({exc.msg})") from None
+        for i, rec in parse_json_lines(path, raw):
             if not isinstance(rec, dict) or "id" not in rec:
                 raise UserError(f"{path}:{i}: a JSON-lines T-Eval record needs an 'id' field")
             rows.append((str(rec["id"]), rec))
         return rows
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    data = parse_json_text(path, raw)
     if isinstance(data, dict):
         return [(str(k), v) for k, v in data.items()]
     if isinstance(data, list):

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.common.errors import UserError
-from lmforge.common.io import atomic_write_text
+from lmforge.common.io import atomic_write_text, parse_json_lines, parse_json_text, read_user_text
 from lmforge.data import workflow
 
 __all__ = ["SYSTEM_PROMPT", "WorkflowItem", "generate", "load", "write"]
@@ -53,25 +53,10 @@ class WorkflowItem:
 
 def _records(path: Path) -> list[tuple[str, Any]]:
     """``(where, record)`` pairs from a JSON list or a JSON-lines file."""
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"WorfBench file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read {path}: {exc}") from None
+    raw = read_user_text(path, "WorfBench")
     if path.suffix == ".jsonl":
-        out = []
-        for i, line in enumerate(raw.splitlines(), 1):
-            if line.strip():
-                try:
-                    out.append((f"{path}:{i}", json.loads(line)))
-                except json.JSONDecodeError as exc:
-                    raise UserError(f"{path}:{i}: not valid JSON ({exc.msg})") from None
-        return out
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        return [(f"{path}:{i}", rec) for i, rec in parse_json_lines(path, raw)]
+    data = parse_json_text(path, raw)
     if not isinstance(data, list):
         raise UserError(f"{path}: expected a JSON list of WorfBench records")
     return [(f"{path} record {i}", rec) for i, rec in enumerate(data)]
