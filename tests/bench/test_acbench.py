@@ -222,3 +222,22 @@ def test_episode_actions_get_enough_new_tokens(small, tmp_path: Path) -> None:
         pairs = task.expert_pairs(task.load(paths[0], ctx), ctx)
         longest = max(len(tok(c, add_special_tokens=False)["input_ids"]) for _, c in pairs)
         assert longest + 2 <= task.action_tokens, (name, longest)
+
+
+def test_niah_grid_keeps_lengths_that_fit_and_scores_the_retrieved_part(small, tmp_path: Path) -> None:
+    from lmforge.bench.acbench import builtin_data
+    from lmforge.bench.tasks import Context, get_task
+
+    _, tok = small
+    (path,) = builtin_data(tmp_path, 0, ["niah"], {"niah": 8})["niah"]
+    task = get_task("niah")
+    items = task.items(path, Context(tokenizer=tok, fmt="zoo", max_positions=300))
+    assert sorted({it.meta["length"] for it in items}) == [128, 256]
+    for it in items:
+        assert len(tok(it.prompt)["input_ids"]) <= it.meta["length"]
+    it = items[0]
+    needle, prefix = it.gold
+    value = needle[len(prefix):].strip(" .")
+    # The zoo prompt already holds the key: the answer is scored on the code alone.
+    assert task.score(it, " " + value, None)["score"] == 10.0
+    assert task.score(it, " 0000" if value != "0000" else " 1111", None)["score"] == 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import random
 import re
 from dataclasses import asdict
@@ -115,6 +116,10 @@ class NiahTask(SingleTurnTask):
         lengths = [n for n in s.context_lengths if ctx.max_positions is None or n <= ctx.max_positions]
         if not lengths:
             raise UserError(f"{path}: every NIAH context length exceeds the model's {ctx.max_positions} positions")
+        if len(lengths) < len(s.context_lengths):
+            logging.getLogger(__name__).warning(
+                "NIAH: skipping context lengths %s, beyond the model's %d positions",
+                [n for n in s.context_lengths if n not in lengths], ctx.max_positions)
         # Enough haystack for the longest context (generous: ~3 characters a token).
         hay = haystack_text(s, 6 * max(lengths), seed=ctx.seed)
         key = _CODE_Q.search(s.question)
