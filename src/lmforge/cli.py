@@ -247,6 +247,70 @@ def compress_cmd(
         typer.echo(f"saved to {out} (compression.json inside)")
 
 
+prune_app = typer.Typer(help="Structured pruning: remove whole transformer layers.", no_args_is_help=True)
+app.add_typer(prune_app, name="prune")
+
+
+@prune_app.command("layers")
+def prune_layers_cmd(
+    criterion: Annotated[str, typer.Option("--criterion", "-c", help="zigzag | angular | block-influence (see above).")],
+    model: Annotated[str, typer.Option("--model", "-m", help="A local Hugging Face model folder, or zoo:NAME.")],
+    out: Annotated[Path, typer.Option(help="Output model folder (config with fewer layers, tokenizer, layer_prune.json).")],
+    remove: Annotated[int | None, typer.Option(help="Remove this many layers: the top scores (angular: the best contiguous block of this many).")] = None,
+    threshold: Annotated[float | None, typer.Option(help="Remove every layer whose score is >= t x the maximum score, t in (0, 1] (the zigzag paper uses 0.9 and 0.8).")] = None,
+    calib_file: Annotated[Path | None, typer.Option(help="Calibration prompts: .jsonl with a 'text' field, .json, or plain text. Default: lmforge's built-in zoo mixture.")] = None,
+    n_texts: Annotated[int, typer.Option(help="Use the first N calibration prompts (the zigzag paper uses 500).")] = 256,
+    k: Annotated[int, typer.Option("--k", help="zigzag: neighbours in each layer's kNN graph (the paper uses 4); needs more prompts than k.")] = 4,
+    zigzag_cloud: Annotated[str, typer.Option(help="zigzag: the point cloud that scores block l: mid (default, the official code's: its post-attention norm; the final norm's cloud is never cut but counts in the max), output (its output) or input (its input).")] = "mid",
+    eval_file: Annotated[Path | None, typer.Option(help="Held-out text for ppl_before/ppl_after (e.g. WikiText-2 raw). Default: held-out zoo-mixture answers.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the built-in calibration and held-out texts.")] = 0,
+    batch_size: Annotated[int, typer.Option(help="Prompts per forward pass.")] = 8,
+    max_length: Annotated[int | None, typer.Option(help="Tokens per prompt (default: min(1024, model context)).")] = None,
+    no_ppl: Annotated[bool, typer.Option("--no-ppl", help="Skip the perplexity before/after.")] = False,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing output folder.")] = False,
+    allow_pickle: PickleOpt = False,
+    trust_remote_code: RemoteOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Remove whole transformer layers chosen by a layer-redundancy criterion; save the smaller model.
+
+    Each criterion scores every block on the calibration prompts; a higher score means more removable.
+
+    \b
+    block-influence: ShortGPT (Men et al. 2024). BI = 1 - mean over all
+      tokens of cos(block input, block output); removes the lowest BI
+      (score 1 - BI).
+    angular: Gromov et al. 2024. d(x^l, x^(l+n)) = arccos(cos)/pi on each
+      prompt's last token, averaged. --remove n drops the contiguous
+      blocks l*..l*+n-1 with l* = argmin_l d; --threshold uses the score
+      1 - d(x^l, x^(l+1)).
+    zigzag: Gardinazzi et al. (ICML 2025). r(l) = mean_j Z_1(l, j)/beta_1(j),
+      how long the 1-dimensional holes of layer l's kNN graph (over the
+      prompts' last tokens) persist across the other layers (zigzag
+      persistence). The paper removes every layer with r >= t x max r
+      (--threshold 0.9 or 0.8).
+
+    Writes OUT (safetensors, config with the new num_hidden_layers, tokenizer) and OUT/layer_prune.json (scores, removed layers, held-out perplexity before and after).
+    """
+    from lmforge.methods.zigzag.layer_prune import prune_layers
+
+    record = prune_layers(
+        model, criterion, remove=remove, threshold=threshold, out=out, overwrite=overwrite,
+        calib_file=calib_file, n_texts=n_texts, eval_file=eval_file, measure_ppl=not no_ppl, k=k,
+        zigzag_cloud=zigzag_cloud, seed=seed, batch_size=batch_size, max_length=max_length, allow_pickle=allow_pickle,
+        trust_remote_code=trust_remote_code, progress=os.environ.get("LMFORGE_NO_PROGRESS") != "1",
+    )
+    if as_json:
+        _emit_json(record)
+        return
+    typer.echo(f"{record['criterion']}: removed layers {record['removed']} of {record['layers_before']} "
+               f"-> {record['layers_after']} layers ({record['seconds']:.1f} s of scoring)")
+    typer.echo("scores (higher = more removable): " + ", ".join(f"{i}:{s:.4f}" for i, s in enumerate(record["scores"])))
+    if "ppl_before" in record:
+        typer.echo(f"perplexity {record['ppl_before']:.4f} -> {record['ppl_after']:.4f} ({record['ppl_metric']})")
+    typer.echo(f"saved to {out} (layer_prune.json inside)")
+
+
 bench_app = typer.Typer(help="Benchmarks over models x compressions (ACBench).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
