@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-import torch
 
 from lmforge.common.calibration import linear_modules, get_decoder_layers
 from lmforge.compression import get_method, heldout_perplexity, make_config
