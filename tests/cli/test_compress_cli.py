@@ -4,24 +4,12 @@ writes a loadable model and a compression.json with the documented fields."""
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
+from tests.cli.helpers import call
 
-def call(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """Run the real entry point in-process (exit status, stdout, stderr)."""
-    from lmforge.cli import main
 
-    monkeypatch.setattr(sys, "argv", ["lmforge", *args])
-    monkeypatch.setenv("LMFORGE_NO_PROGRESS", "1")
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

@@ -139,6 +139,17 @@ def _encode(tokenizer: Any, texts: Sequence[str], max_length: int) -> list[list[
     return encoded
 
 
+def _right_padded(rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids right-padded with 0 and their attention mask."""
+    width = max(len(r) for r in rows)
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for row, r in enumerate(rows):
+        ids[row, : len(r)] = torch.tensor(list(r), dtype=torch.long)
+        mask[row, : len(r)] = 1
+    return ids, mask
+
+
 def _forward_states(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
     """``[x^0, ..., x^L]``, each ``(B, T, d)``: embeddings, then every block's output (pre final norm)."""
     layers = _decoder_layers(model)
@@ -202,12 +213,7 @@ def _run_states(
         task = prog.add_task(description, total=len(order), info="") if prog is not None else None
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            width = max(len(encoded[i]) for i in idx)
-            ids = torch.zeros((len(idx), width), dtype=torch.long)
-            mask = torch.zeros((len(idx), width), dtype=torch.long)
-            for row, i in enumerate(idx):
-                ids[row, : len(encoded[i])] = torch.tensor(encoded[i], dtype=torch.long)
-                mask[row, : len(encoded[i])] = 1
+            ids, mask = _right_padded([encoded[i] for i in idx])
             states = _forward_states(model, ids.to(device), mask.to(device))
             fn(idx, states, torch.tensor([len(encoded[i]) for i in idx], device=states[0].device))
             if prog is not None and task is not None:
@@ -496,12 +502,7 @@ def official_point_clouds(
         with inference(model):
             for start in range(0, len(order), batch_size):
                 idx = order[start : start + batch_size]
-                width = max(len(encoded[i]) for i in idx)
-                ids = torch.zeros((len(idx), width), dtype=torch.long)
-                mask = torch.zeros((len(idx), width), dtype=torch.long)
-                for row, i in enumerate(idx):
-                    ids[row, : len(encoded[i])] = torch.tensor(encoded[i], dtype=torch.long)
-                    mask[row, : len(encoded[i])] = 1
+                ids, mask = _right_padded([encoded[i] for i in idx])
                 captured.clear()
                 model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
                 for row, i in enumerate(idx):

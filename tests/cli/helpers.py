@@ -1,0 +1,20 @@
+"""Shared by the CLI tests: run the real entry point in-process."""
+
+from __future__ import annotations
+
+import sys
+
+
+def call(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """Run ``lmforge ARGS`` through ``lmforge.cli.main`` (exit status, stdout, stderr)."""
+    from lmforge.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["lmforge", *args])
+    monkeypatch.setenv("LMFORGE_NO_PROGRESS", "1")
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
