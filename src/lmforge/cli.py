@@ -447,6 +447,67 @@ def bench_data(
         typer.echo(f"{name}: {', '.join(str(p) for p in paths)}")
 
 
+@app.command("zigzag")
+def zigzag_cmd(
+    model: Annotated[str, typer.Option("--model", "-m", help="A local HF model folder or zoo:NAME.")],
+    out: Annotated[Path, typer.Option(help="Output folder: zigzag.json and the descriptor plots.")],
+    n_texts: Annotated[int, typer.Option(help="Prompts (one point per prompt per layer); the paper uses 500.")] = 256,
+    calib_file: Annotated[Path | None, typer.Option(help="Prompts: .jsonl with a 'text' field, .json, or plain text. Default: lmforge's built-in mixture.")] = None,
+    k: Annotated[int, typer.Option(help="Neighbours of the kNN graph (the paper: 4).")] = 4,
+    p: Annotated[int, typer.Option(help="Homology dimension of the descriptors (the paper: 1).")] = 1,
+    alpha: Annotated[float, typer.Option(help="Layer-distance weight exponent of B_p and the averaged Z_p (0: plain mean).")] = 0.0,
+    cloud: Annotated[str, typer.Option(help="mid (the official code's point clouds: each block's post-attention norm, then the final norm) or hidden (the HF hidden states, RMS-normalised).")] = "mid",
+    seed: Annotated[int, typer.Option(help="Seed of the built-in prompts.")] = 0,
+    batch_size: Annotated[int, typer.Option(help="Prompts per forward pass.")] = 16,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing output folder.")] = False,
+    allow_pickle: PickleOpt = False,
+    trust_remote_code: RemoteOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Zigzag persistence of a model's layers (Gardinazzi et al., ICML 2025): barcodes, effective
+    persistence image, births frequency B_p, inter-layer persistence Z_p and its average (the pruning
+    score r at p = 1), with plots. `lmforge prune layers --criterion zigzag` prunes by r."""
+    from lmforge.common.io import atomic_dir, atomic_write_json, check_output_dir
+    from lmforge.data.calibration import builtin_texts, read_texts
+    from lmforge.methods.zigzag import descriptors as zd
+    from lmforge.methods.zigzag.layer_prune import official_point_clouds
+    from lmforge.models import load
+
+    if cloud not in ("mid", "hidden"):
+        raise UserError(f"--cloud must be mid or hidden, not {cloud!r}")
+    if n_texts < 2 or batch_size < 1 or p < 0:
+        raise UserError("--n-texts must be at least 2, --batch-size at least 1 and --p at least 0")
+    check_output_dir(out, overwrite)
+    texts = (read_texts(calib_file) if calib_file else builtin_texts(seed))[:n_texts]
+    if k >= len(texts):
+        raise UserError(f"--k {k} is larger than the number of prompts minus one ({len(texts)} prompts)")
+    lm, tok = load(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+    if cloud == "mid":
+        clouds = official_point_clouds(lm, tok, texts, batch_size=batch_size)
+    else:
+        clouds = zd.layer_point_clouds(lm, tok, texts, pooling="last", batch_size=batch_size)
+    res = zd.zigzag_descriptors(clouds, k=k, p=p, alpha=alpha)
+    record = {
+        "model": model, "prompts": len(texts), "k": k, "p": p, "alpha": alpha, "cloud": cloud,
+        "layers": res.n_layers,
+        "bars": [[b.dim, b.birth, b.death] for b in res.bars],
+        "betti": res.betti.tolist(), "births_frequency": res.births.tolist(),
+        "persistence_image": res.pi.tolist(), "inter_layer_persistence": res.z.tolist(),
+        "average_inter_layer_persistence": res.zbar.tolist(),
+    }
+    with atomic_dir(out, overwrite) as tmp:
+        atomic_write_json(tmp / "zigzag.json", record)
+        figures = [f.name for f in zd.plot_descriptors(res, tmp)]
+    if as_json:
+        _emit_json(record | {"figures": figures})
+        return
+    dims = sorted({b.dim for b in res.bars})
+    counts = ", ".join(f"H{d}: {sum(b.dim == d for b in res.bars)}" for d in dims)
+    typer.echo(f"{res.n_layers} point clouds of {len(texts)} prompts; bars {counts}")
+    typer.echo("average inter-layer persistence Z̄_%d per cloud: %s" % (p, " ".join(f"{x:.3f}" for x in res.zbar)))
+    typer.echo(f"saved to {out}: zigzag.json, {', '.join(figures)}")
+
+
 @app.command("reproduce")
 def reproduce(
     name: Annotated[str | None, typer.Argument(help="Reproduction name, or `all`.")] = None,

@@ -154,3 +154,31 @@ def test_help(cmd):
     if cmd == ["prune", "layers"]:
         for word in ("block-influence", "angular", "zigzag", "ShortGPT", "Gromov", "--threshold", "--remove", "--k"):
             assert word in res.output, word
+
+
+def test_zigzag_descriptors_command(monkeypatch, capsys, tmp_path):
+    """`lmforge zigzag` writes the descriptors and plots; its r equals the library's on the same clouds."""
+    import json
+
+    import numpy as np
+
+    from lmforge.data.calibration import builtin_texts
+    from lmforge.methods.zigzag import descriptors as zd
+    from lmforge.methods.zigzag.layer_prune import official_point_clouds
+    from lmforge.models import load
+
+    out = tmp_path / "zz"
+    code, _, err = call(monkeypatch, capsys, "zigzag", "-m", MODEL, "--out", str(out), "--n-texts", "3", "--k", "3")
+    assert code == 2 and err.count("\n") == 1 and "larger than the number of prompts" in err
+    assert not out.exists()
+    code, stdout, err = call(monkeypatch, capsys, "zigzag", "-m", MODEL, "--out", str(out), "--n-texts", "40")
+    assert code == 0, err
+    rec = json.loads((out / "zigzag.json").read_text())
+    assert rec["layers"] == 5 and len(rec["average_inter_layer_persistence"]) == 5
+    assert sorted(p.name for p in out.glob("*.png")) == sorted(
+        ["zigzag_pi_h1.png", "zigzag_births_h1.png", "zigzag_z_h1.png", "zigzag_zbar_h1.png"])
+    model, tok = load(MODEL)
+    clouds = official_point_clouds(model, tok, builtin_texts(0)[:40])
+    np.testing.assert_allclose(rec["average_inter_layer_persistence"], zd.zigzag_layer_scores(clouds, k=4))
+    code, _, err = call(monkeypatch, capsys, "zigzag", "-m", MODEL, "--out", str(out), "--n-texts", "40")
+    assert code == 2 and "--overwrite" in err
