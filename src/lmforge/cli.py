@@ -386,6 +386,7 @@ def bench_export_lmeval(
     limit: Annotated[int | None, typer.Option(help="At most N records per task.")] = None,
     prompt_format: Annotated[str, typer.Option(help="auto | chat | plain | zoo.")] = "auto",
     seed: Annotated[int, typer.Option(help="Seed of the built-in data.")] = 0,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing OUT folder.")] = False,
     allow_pickle: PickleOpt = False,
     trust_remote_code: RemoteOpt = False,
 ) -> None:
@@ -400,7 +401,17 @@ def bench_export_lmeval(
     from lmforge.models import load
     from lmforge.models.load import resolve_spec
 
+    import shutil
+
+    from lmforge.common.io import check_output_dir
+
     names = parse_task_list(tasks)
+    check_output_dir(out, overwrite)
+    if data is not None and (data.resolve() == out.resolve() or out.resolve() in data.resolve().parents):
+        raise UserError("--data must not be inside OUT (the export replaces OUT)")
+    resolve_spec(model)  # a missing model is an error before anything is written
+    if out.exists():
+        shutil.rmtree(out)
     files = user_data(data, names) if data else builtin_data(out / "data", seed, names)
     lm, tok = load(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
     fmt = _prompt_format(prompt_format, model, tok)

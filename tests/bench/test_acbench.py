@@ -241,3 +241,16 @@ def test_niah_grid_keeps_lengths_that_fit_and_scores_the_retrieved_part(small, t
     # The zoo prompt already holds the key: the answer is scored on the code alone.
     assert task.score(it, " " + value, None)["score"] == 10.0
     assert task.score(it, " 0000" if value != "0000" else " 1111", None)["score"] == 0.0
+
+
+def test_export_lmeval_never_writes_into_an_existing_folder(tmp_path: Path) -> None:
+    out = tmp_path / "export"
+    out.mkdir()
+    (out / "longbench_qa.jsonl").write_text("user data\n")
+    res = CliRunner().invoke(app, ["bench", "export-lmeval", str(out), "--model", "zoo:agent-small", "-t", "worfbench"])
+    assert isinstance(res.exception, UserError) and "--overwrite" in str(res.exception)
+    assert (out / "longbench_qa.jsonl").read_text() == "user data\n"
+    res = CliRunner().invoke(app, ["bench", "export-lmeval", str(out), "--model", "zoo:agent-small", "-t", "worfbench",
+                                   "--data", str(out), "--overwrite"])
+    assert isinstance(res.exception, UserError) and "inside OUT" in str(res.exception)
+    assert (out / "longbench_qa.jsonl").read_text() == "user data\n"

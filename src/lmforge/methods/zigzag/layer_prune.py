@@ -28,6 +28,12 @@ metric on the block's input and output. Here the last entry is the last block's 
 with a forward hook. short-transformers, which the zigzag authors used for their baselines, records the
 same pre-norm values.
 
+NOTE: the baselines follow their own papers. The zigzag paper ran them through short-transformers,
+which computes the angular distance over all tokens and removes contiguous blocks for both criteria;
+here angular distance uses each prompt's last token (Gromov et al.) and Block Influence removes the
+individually lowest blocks (ShortGPT), so a comparison with the zigzag paper's baseline numbers is of
+the papers' criteria, not of that library's variants.
+
 Layer removal (:func:`remove_layers`) works on Llama/Mistral/Qwen-style models (``model.model.layers``).
 It re-indexes every remaining ``layer_idx`` (the KV-cache slot) and the per-layer config lists
 (``layer_types``: sliding/full attention), so the pruned model generates correctly with a cache, in
