@@ -458,6 +458,160 @@ def bench_data(
         typer.echo(f"{name}: {', '.join(str(p) for p in paths)}")
 
 
+# ------------------------------------------------------------------------------------ Minions
+
+agent_app = typer.Typer(help="Agents: local-remote collaboration (Minions).", no_args_is_help=True)
+app.add_typer(agent_app, name="agent")
+
+LocalOpt = Annotated[str, typer.Option("--local", help="Local model: zoo:NAME or a local HF folder (in-process), or a model name served at --local-base-url.")]
+RemoteModelOpt = Annotated[str, typer.Option("--remote", help="Remote model name (e.g. gpt-4o) served at --remote-base-url.")]
+RemoteUrlOpt = Annotated[str | None, typer.Option(help="OpenAI-compatible /v1 URL of the remote model; default $OPENAI_BASE_URL, else https://api.openai.com/v1.")]
+LocalUrlOpt = Annotated[str | None, typer.Option(help="OpenAI-compatible /v1 URL of a local server (vLLM, llama.cpp, ollama) serving --local.")]
+KeyEnvOpt = Annotated[str, typer.Option(help="Environment variable that holds the remote API key (keys are never taken on the command line).")]
+PricesOpt = Annotated[Path | None, typer.Option(help="Price table (YAML/JSON, dollars per million tokens: {model: {input, output}}); default: release list prices (gpt-4o $2.50/$10.00).")]
+ProtocolOpt = Annotated[str, typer.Option(help="minion (chat) | minions (parallel chunk jobs) | remote-only | local-only.")]
+RoundsOpt = Annotated[int | None, typer.Option(help="Rounds at most (default: MINION 3, MINIONS 5, as the official code).")]
+ChunkOpt = Annotated[int, typer.Option(help="MINIONS: characters per chunk of the chunking function the remote's code calls.")]
+LocalTokOpt = Annotated[int, typer.Option(help="Completion tokens per local call.")]
+RemoteTokOpt = Annotated[int, typer.Option(help="Completion tokens per remote call.")]
+
+
+def _minions_clients(local: str, remote: str, remote_base_url: str | None, local_base_url: str | None,
+                     key_env: str, protocol_set: set[str], local_max_tokens: int, remote_max_tokens: int) -> tuple[Any, Any]:
+    from lmforge.methods.minions.apply import OPENAI_URL, make_client
+
+    url = remote_base_url or os.environ.get("OPENAI_BASE_URL") or OPENAI_URL
+    remote_c = None if protocol_set == {"local-only"} else make_client(
+        remote, base_url=url, key_env=key_env, max_tokens=remote_max_tokens)
+    local_c = None if protocol_set == {"remote-only"} else make_client(
+        local, base_url=local_base_url, require_key=False, max_tokens=local_max_tokens)
+    return local_c, remote_c
+
+
+def _ledger_factory(prices: Path | None) -> Any:
+    from lmforge.methods.minions.ledger import CostLedger
+
+    if prices is None:
+        return CostLedger
+    CostLedger.from_file(prices)  # a bad file fails before any model runs
+    return lambda: CostLedger.from_file(prices)
+
+
+@agent_app.command("minions")
+def agent_minions(
+    local: LocalOpt,
+    remote: RemoteModelOpt,
+    doc: Annotated[Path, typer.Option(help="The document: a UTF-8 text file (the local model reads it; in MINION and MINIONS the remote never does).")],
+    question: Annotated[str, typer.Option(help="The question or task.")],
+    protocol: ProtocolOpt = "minions",
+    remote_base_url: RemoteUrlOpt = None,
+    local_base_url: LocalUrlOpt = None,
+    key_env: KeyEnvOpt = "OPENAI_API_KEY",
+    prices: PricesOpt = None,
+    max_rounds: RoundsOpt = None,
+    chunk_size: ChunkOpt = 5000,
+    doc_metadata: Annotated[str, typer.Option(help="What the document is (\"a 10-K filing\"), for MINIONS' advice.")] = "",
+    local_max_tokens: LocalTokOpt = 256,
+    remote_max_tokens: RemoteTokOpt = 2048,
+    out: Annotated[Path | None, typer.Option(help="Write the answer, the ledger and the full transcripts here (JSON).")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing --out file.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Answer a question about a long document with a local and a remote model (Minions, ICML 2025).
+
+    The remote model plans and synthesises; the local model reads the document. The cost ledger
+    (both sides' tokens, the remote's dollars) is printed at the end and saved with --out.
+    """
+    from lmforge.common.io import atomic_write_json
+    from lmforge.methods.minions.apply import MinionsConfig, read_document, run_protocol
+    from lmforge.methods.minions.ledger import CostLedger
+
+    cfg = MinionsConfig(protocol=protocol, max_rounds=max_rounds, chunk_size=chunk_size, doc_metadata=doc_metadata)
+    if out is not None and out.exists() and not overwrite:
+        raise UserError(f"{out} already exists; pass --overwrite to replace it")
+    text = read_document(doc)
+    if not question.strip():
+        raise UserError("--question is empty")
+    ledger = _ledger_factory(prices)()
+    local_c, remote_c = _minions_clients(local, remote, remote_base_url, local_base_url, key_env, {protocol},
+                                         local_max_tokens, remote_max_tokens)
+    say = (lambda line: typer.echo(line, err=True)) if os.environ.get("LMFORGE_NO_PROGRESS") != "1" else (lambda line: None)
+    try:
+        rec = run_protocol(local_c, remote_c, text, question, cfg, ledger=ledger, log=say)
+    except UserError:
+        typer.echo(ledger.render(), err=True)  # what was spent before the failure
+        raise
+    rec.update(question=question, document=str(doc), local=local, remote=remote)
+    if out is not None:
+        atomic_write_json(out, rec)
+    if as_json:
+        _emit_json(rec)
+        return
+    typer.echo(f"answer: {rec['answer']}")
+    typer.echo(CostLedger.from_dict(rec["ledger"]).render())
+    if out is not None:
+        typer.echo(f"saved to {out}")
+
+
+@bench_app.command("minions")
+def bench_minions(
+    local: LocalOpt,
+    remote: RemoteModelOpt,
+    out: Annotated[Path, typer.Option(help="Run folder: results.json (resumable; every cell saved as it finishes).")],
+    data: Annotated[Path | None, typer.Option(help="Long-document QA file: FinanceBench .jsonl, LongHealth benchmark_v5.json, QASPER .json (official formats).")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="auto | financebench | longhealth | qasper | docqa.")] = "auto",
+    docs_dir: Annotated[Path | None, typer.Option(help="FinanceBench: folder of <doc_name>.txt documents (default: the evidence pages).")] = None,
+    synthetic: Annotated[int | None, typer.Option(help="Use N built-in synthetic multi-hop numeric reports instead of --data.")] = None,
+    synthetic_chars: Annotated[int, typer.Option(help="Characters per synthetic report.")] = 20000,
+    protocol: Annotated[list[str] | None, typer.Option("--protocol", "-p", help="minion | minions | remote-only | local-only; repeatable or comma-separated; default all four.")] = None,
+    limit: Annotated[int | None, typer.Option(help="At most N questions.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic data.")] = 0,
+    remote_base_url: RemoteUrlOpt = None,
+    local_base_url: LocalUrlOpt = None,
+    key_env: KeyEnvOpt = "OPENAI_API_KEY",
+    prices: PricesOpt = None,
+    max_rounds: RoundsOpt = None,
+    chunk_size: ChunkOpt = 5000,
+    local_max_tokens: LocalTokOpt = 256,
+    remote_max_tokens: RemoteTokOpt = 2048,
+    overwrite: Annotated[bool, typer.Option(help="Discard an existing results.json in OUT and start afresh.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compare MINION, MINIONS, remote-only and local-only: accuracy, remote tokens and dollars, side by side."""
+    from lmforge.bench.minions import BenchSetup, render_summary, run_bench
+    from lmforge.eval.longdoc import load_docqa, synthetic_docqa
+    from lmforge.methods.minions.apply import MinionsConfig
+
+    if (data is None) == (synthetic is None):
+        raise UserError("give exactly one of --data FILE and --synthetic N")
+    if limit is not None and limit < 1:
+        raise UserError(f"--limit must be at least 1, got {limit}")
+    from lmforge.bench.minions import PROTOCOLS, check_protocols
+
+    protocols = check_protocols(protocol) if protocol else list(PROTOCOLS)
+    cfg = MinionsConfig(max_rounds=max_rounds, chunk_size=chunk_size)
+    factory = _ledger_factory(prices)
+    if synthetic is not None:
+        if synthetic < 1:
+            raise UserError(f"--synthetic must be at least 1, got {synthetic}")
+        items, source = synthetic_docqa(synthetic, seed=seed, doc_chars=synthetic_chars), f"synthetic:{synthetic}:{synthetic_chars}:{seed}"
+    else:
+        kw: dict[str, Any] = {"docs_dir": docs_dir} if docs_dir is not None else {}
+        items, source = load_docqa(data, fmt, **kw), str(data)  # type: ignore[arg-type]
+    items = items[:limit] if limit else items
+    setup = BenchSetup(local=local, remote=remote, data=source, protocols=protocols,
+                       prices=None if prices is None else {"file": str(prices)})
+    local_c, remote_c = _minions_clients(local, remote, remote_base_url, local_base_url, key_env,
+                                         set(setup.protocols), local_max_tokens, remote_max_tokens)
+    res = run_bench(items, local_c, remote_c, out, setup, cfg=cfg, ledger_factory=factory, overwrite=overwrite,
+                    progress=os.environ.get("LMFORGE_NO_PROGRESS") != "1")
+    if as_json:
+        _emit_json(res["summary"])
+        return
+    typer.echo(render_summary(res["summary"]))
+    typer.echo(f"results: {out / 'results.json'}")
+
+
 @app.command("zigzag")
 def zigzag_cmd(
     model: Annotated[str, typer.Option("--model", "-m", help="A local HF model folder or zoo:NAME.")],

@@ -1,0 +1,127 @@
+"""``lmforge agent minions`` and ``lmforge bench minions`` end to end, against an OpenAI-compatible
+server on 127.0.0.1 (the remote) and the zoo's agent-nano (the local model)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from tests.cli.helpers import call
+from tests.methods.minions.fake_openai import FakeOpenAI
+
+KEY_ENV = "LMFORGE_TEST_REMOTE_KEY"
+SECRET = "sk-cli-test-never-printed"
+
+
+@pytest.fixture()
+def remote(monkeypatch):
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    # A remote that answers "42" to the direct question and never writes valid JSON.
+    fake = FakeOpenAI(reply=lambda messages: "The answer is 42.")
+    yield fake
+    fake.close()
+
+
+@pytest.fixture()
+def doc(tmp_path: Path) -> Path:
+    p = tmp_path / "report.txt"
+    p.write_text("## Revenue\nThe Cloud division reported revenue of 42 million dollars in 2023.\n")
+    return p
+
+
+def _args(remote: FakeOpenAI, *extra: str) -> list[str]:
+    return ["--local", "zoo:agent-nano", "--remote", "gpt-4o", "--remote-base-url", remote.base_url,
+            "--key-env", KEY_ENV, *extra]
+
+
+def test_agent_remote_only_answers_prints_and_saves_the_ledger(monkeypatch, capsys, remote, doc, tmp_path):
+    out = tmp_path / "run.json"
+    code, stdout, err = call(monkeypatch, capsys, "agent", "minions", *_args(remote), "--protocol", "remote-only",
+                             "--doc", str(doc), "--question", "What was Cloud revenue in 2023?", "--out", str(out))
+    assert code == 0, err
+    assert "answer: The answer is 42." in stdout
+    rec = json.loads(out.read_text())
+    sent = remote.requests[0]["body"]["messages"][0]["content"]
+    assert "42 million dollars" in sent  # remote-only reads the document
+    remote_side = rec["ledger"]["sides"]["remote"]
+    from lmforge.methods.minions.clients import count_tokens
+
+    assert remote_side["calls"] == 1 and remote_side["prompt_tokens"] == count_tokens(sent)
+    assert remote_side["completion_tokens"] == count_tokens("The answer is 42.")
+    expected = remote_side["prompt_tokens"] * 2.5e-6 + remote_side["completion_tokens"] * 10e-6
+    assert abs(remote_side["dollars"] - expected) < 1e-12
+    assert "remote" in stdout and "total" in stdout  # the ledger table
+    assert SECRET not in stdout + err + out.read_text()
+    # An existing result is never replaced without --overwrite.
+    code, _, err = call(monkeypatch, capsys, "agent", "minions", *_args(remote), "--protocol", "remote-only",
+                        "--doc", str(doc), "--question", "q", "--out", str(out))
+    assert code == 2 and "--overwrite" in err
+
+
+def test_minion_remote_json_that_never_validates_stops_with_the_partial_ledger(monkeypatch, capsys, remote, doc):
+    code, stdout, err = call(monkeypatch, capsys, "agent", "minions", *_args(remote), "--protocol", "minion",
+                             "--doc", str(doc), "--question", "What was Cloud revenue in 2023?")
+    assert code == 2
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "JSON" in lines[0]
+    assert len(remote.requests) == 5  # the official bound on retries
+    assert "remote" in err and "total" in err  # the ledger of what was spent is still shown
+    for r in remote.requests:  # MINION: the document never reaches the remote
+        assert all("42 million" not in m["content"] for m in r["body"]["messages"])
+
+
+def _closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.mark.parametrize("case", ["refused", "no_key", "pdf", "binary", "protocol"])
+def test_bad_input_is_one_line(monkeypatch, capsys, remote, doc, tmp_path, case):
+    args = _args(remote)
+    document = doc
+    if case == "refused":
+        args = ["--local", "zoo:agent-nano", "--remote", "gpt-4o", "--key-env", KEY_ENV,
+                "--remote-base-url", f"http://127.0.0.1:{_closed_port()}/v1"]
+    elif case == "no_key":
+        monkeypatch.delenv(KEY_ENV)
+    elif case == "pdf":
+        document = tmp_path / "filing.pdf"
+        document.write_bytes(b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n1 0 obj\n")
+    elif case == "binary":
+        document = tmp_path / "blob.txt"
+        document.write_bytes(b"\x00\x01\x02\xff" * 10)
+    extra = ["--protocol", "oracle"] if case == "protocol" else ["--protocol", "remote-only"]
+    code, _, err = call(monkeypatch, capsys, "agent", "minions", *args, *extra, "--doc", str(document),
+                        "--question", "q")
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert {"refused": "connection refused", "no_key": KEY_ENV, "pdf": "not a text document",
+            "binary": "not a text document", "protocol": "unknown protocol"}[case] in lines[0]
+
+
+def test_bench_runs_side_by_side_and_resumes(monkeypatch, capsys, remote, tmp_path):
+    out = tmp_path / "bench"
+    args = ["bench", "minions", *_args(remote), "--synthetic", "2", "--synthetic-chars", "1500",
+            "--protocol", "remote-only,local-only", "--local-max-tokens", "8", "--out", str(out)]
+    code, stdout, err = call(monkeypatch, capsys, *args)
+    assert code == 0, err
+    data = json.loads((out / "results.json").read_text())
+    assert sorted(data["cells"]) == sorted(f"{p}|{i}" for p in ("remote-only", "local-only")
+                                           for i in {c["id"] for c in data["cells"].values()})
+    summ = data["summary"]
+    assert summ["remote-only"]["remote_calls"] == 1 and summ["local-only"]["remote_calls"] == 0
+    assert summ["local-only"]["local_calls"] == 1 and summ["local-only"]["remote_dollars"] == 0
+    # local-only spends no remote tokens: "infinitely" cheaper, reported as no ratio rather than a crash.
+    assert summ["local-only"]["cost_reduction"] is None
+    assert "remote-only" in stdout and "local-only" in stdout
+    n_requests = len(remote.requests)
+    code, _, err = call(monkeypatch, capsys, *args)  # resume: nothing left to do
+    assert code == 0 and len(remote.requests) == n_requests
+    code, _, err = call(monkeypatch, capsys, *[a if a != "2" else "3" for a in args])
+    assert code == 2 and "different run" in err
