@@ -142,7 +142,7 @@ A question has to be answered from {metadata}:
 
 ---
 
-Briefly advise us on the key information to pull out of the {metadata} to answer it.
+Briefly advise us on the key information to pull out of {metadata} to answer it.
 
 Constraints on your reply:
 - no numbered lists;
