@@ -103,7 +103,7 @@ class TrainSchedule:
             raise ValueError("train.steps and train.tokens_per_step must be at least 1")
         if not self.lr > 0:
             raise ValueError("train.lr must be positive")
-        known = {"toolcall", "workflow", "needle", "textworld", "text"}
+        known = {"toolcall", "workflow", "needle", "textworld", "text", "docjob"}
         bad = [t for t, _ in self.mixture if t not in known]
         if bad or any(w < 0 for _, w in self.mixture) or sum(w for _, w in self.mixture) <= 0:
             raise ValueError(f"train.mixture needs weights >= 0, not all 0, over {sorted(known)}; got {self.mixture}")
@@ -188,6 +188,18 @@ ZOO: dict[str, ZooSpec] = {
                             needle_max=64, ckpt_every=200, eval_every=100),
         targets=(("toolcall_exact_match", 0.95), ("needle_512_exact_match", 0.80),
                  ("workflow_node_f1", 0.70), ("textworld_success", 0.50)),
+    ),
+    # NOTE: layer pruning needs depth (the zigzag paper prunes 32-layer models); agent-small's four
+    # layers leave nothing to remove at 10-20%. agent-deep trades width for twelve layers at about
+    # agent-small's cost per step, and half its steps, so that it builds in about half an hour.
+    "agent-deep": ZooSpec(
+        name="agent-deep",
+        description="Twelve-layer Llama for layer pruning (`lmforge reproduce zigzag`), same data as "
+                    "agent-small.",
+        shape=ModelShape(hidden=128, layers=12, heads=4, kv_heads=2, intermediate=384, max_position=1024),
+        train=TrainSchedule(steps=1500, tokens_per_step=4096, lr=2e-3, warmup=75, mixture=_MIX,
+                            needle_max=64, ckpt_every=200, eval_every=100),
+        targets=(),
     ),
 }
 
@@ -359,6 +371,12 @@ def _probe_sets(tok: PreTrainedTokenizerFast, spec: ZooSpec) -> dict[str, dict[s
     out["needle_512"] = collate(
         [encode_segments(tok, corpus.needle_segments(rng, 56)[:2], eos_loss=False) for _ in range(16)],
         tok.pad_token_id)
+    if any(t == "docjob" for t, _ in spec.train.mixture):
+        from lmforge.data import docjobs  # held-out reports (odd seeds), like the other probes
+
+        rng = _step_rng(spec.seed, 0, "probe-docjob")
+        out["docjob"] = collate([encode_pair(tok, *docjobs.pair(rng, heldout=True)) for _ in range(24)],
+                                tok.pad_token_id)
     return out
 
 
@@ -379,7 +397,9 @@ def train(spec: ZooSpec, workdir: Path, progress: bool = True,
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(spec.threads)
     try:
-        tok = train_tokenizer(corpus.tokenizer_training_texts(spec.seed), spec.vocab_size)
+        # The mixture picks the tokenizer's sample (agentic mixtures: the same sample as ever).
+        tasks = [t for t, _ in spec.train.mixture]
+        tok = train_tokenizer(corpus.tokenizer_training_texts(spec.seed, tasks=tasks), spec.vocab_size)
         model = build_model(spec, len(tok), tok)
         sched = spec.train
         decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
