@@ -210,6 +210,26 @@ def _chunking_source(chunk_size: int) -> str:
     )
 
 
+def _code_reference(chunk_size: int) -> str:
+    """What the remote's code may use, shown in both decompose prompts."""
+    return f"""## Objects already in scope
+These classes (and `List`, `Optional`, `Dict`, `Any`, `Union`, `Tuple`) exist when your code \
+runs. **Do not redefine or import them.**
+```python
+{_MODELS}
+```
+
+## Signatures
+```python
+{_SIGNATURES}
+```
+
+## Chunking function (in scope; call it, do not rewrite it)
+```python
+{_chunking_source(chunk_size)}
+```"""
+
+
 def _samples_line(num_samples_per_task: int, indent: str = "") -> str:
     # NOTE: the official passes num_samples_per_task to its decompose template, but the template it
     # uses has no slot for it (only an earlier draft had); here the number is stated.
@@ -255,22 +275,7 @@ Do not make a new task per chunk.
 `chunk_id`. Combining chunks and any global reasoning happen here, in your code.
 - Return **one string** for you to read next.
 
-## Objects already in scope
-These classes (and `List`, `Optional`, `Dict`, `Any`, `Union`, `Tuple`) exist when your code \
-runs. **Do not redefine or import them.**
-```python
-{_MODELS}
-```
-
-## Signatures
-```python
-{_SIGNATURES}
-```
-
-## Chunking function (in scope; call it, do not rewrite it)
-```python
-{_chunking_source(chunk_size)}
-```
+{_code_reference(chunk_size)}
 
 ## Reminders
 - **No** task may need several chunks or a whole document.
@@ -358,20 +363,7 @@ beside, the documents.
    - Filter the jobs with a filter of your own (keep only what helps; it may keep nothing).
    - Aggregate by `task_id` and `chunk_id`.
 
-## Objects already in scope (do not redefine or import them)
-```python
-{_MODELS}
-```
-
-## Signatures
-```python
-{_SIGNATURES}
-```
-
-## Chunking function (in scope; call it, do not rewrite it)
-```python
-{_chunking_source(chunk_size)}
-```
+{_code_reference(chunk_size)}
 
 ## An example
 ```python
