@@ -103,7 +103,7 @@ class TrainSchedule:
             raise ValueError("train.steps and train.tokens_per_step must be at least 1")
         if not self.lr > 0:
             raise ValueError("train.lr must be positive")
-        known = {"toolcall", "workflow", "needle", "textworld", "text", "docjob"}
+        known = {"toolcall", "workflow", "needle", "textworld", "text"}
         bad = [t for t, _ in self.mixture if t not in known]
         if bad or any(w < 0 for _, w in self.mixture) or sum(w for _, w in self.mixture) <= 0:
             raise ValueError(f"train.mixture needs weights >= 0, not all 0, over {sorted(known)}; got {self.mixture}")
@@ -371,12 +371,6 @@ def _probe_sets(tok: PreTrainedTokenizerFast, spec: ZooSpec) -> dict[str, dict[s
     out["needle_512"] = collate(
         [encode_segments(tok, corpus.needle_segments(rng, 56)[:2], eos_loss=False) for _ in range(16)],
         tok.pad_token_id)
-    if any(t == "docjob" for t, _ in spec.train.mixture):
-        from lmforge.data import docjobs  # held-out reports (odd seeds), like the other probes
-
-        rng = _step_rng(spec.seed, 0, "probe-docjob")
-        out["docjob"] = collate([encode_pair(tok, *docjobs.pair(rng, heldout=True)) for _ in range(24)],
-                                tok.pad_token_id)
     return out
 
 
@@ -397,9 +391,7 @@ def train(spec: ZooSpec, workdir: Path, progress: bool = True,
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(spec.threads)
     try:
-        # The mixture picks the tokenizer's sample (agentic mixtures: the same sample as ever).
-        tasks = [t for t, _ in spec.train.mixture]
-        tok = train_tokenizer(corpus.tokenizer_training_texts(spec.seed, tasks=tasks), spec.vocab_size)
+        tok = train_tokenizer(corpus.tokenizer_training_texts(spec.seed), spec.vocab_size)
         model = build_model(spec, len(tok), tok)
         sched = spec.train
         decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
