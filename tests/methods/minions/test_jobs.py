@@ -13,6 +13,7 @@ from lmforge.methods.minions.jobs import (
     Job,
     JobManifest,
     JobOutput,
+    chunk_by_heading,
     chunk_by_page,
     chunk_by_paragraph,
     chunk_by_section,
@@ -51,6 +52,19 @@ def test_chunk_by_section_defaults_and_bad_overlap() -> None:
         chunk_by_section(doc, 10, 10)  # the official would loop forever
     with pytest.raises(ValueError, match="max_chunk_size"):
         chunk_by_section(doc, 0)
+
+
+def test_chunk_by_heading_cuts_at_sections_and_long_sections_by_size() -> None:
+    doc = "Preface line.\n# Title\nintro\n## Revenue\n" + "r" * 25 + "\n## Costs\ncosts here\n### Detail\nd\n"
+    chunks = chunk_by_heading(doc, max_chunk_size=20)
+    assert "".join(chunks) == doc  # nothing lost, order kept
+    assert chunks[:2] == ["Preface line.\n", "# Title\nintro\n"]
+    assert chunks[2].startswith("## Revenue") and len(chunks[2]) == 20  # the long section, cut by size
+    assert chunks[-2:] == ["## Costs\ncosts here\n", "### Detail\nd\n"]
+    assert all(len(c) <= 20 for c in chunks)
+    assert chunk_by_heading("#hashtag is not a heading\n") == ["#hashtag is not a heading\n"]
+    with pytest.raises(ValueError):
+        chunk_by_heading(doc, 0)
 
 
 def test_chunk_by_page() -> None:

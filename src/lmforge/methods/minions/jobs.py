@@ -33,6 +33,7 @@ __all__ = [
     "JobManifest",
     "JobOutput",
     "SANDBOX_NAMES",
+    "chunk_by_heading",
     "chunk_by_page",
     "chunk_by_paragraph",
     "chunk_by_section",
@@ -182,6 +183,29 @@ def chunk_by_size(doc: str, max_chunk_size: int = 5000, overlap: int = 0) -> Lis
     return chunk_by_section(doc, max_chunk_size, overlap)
 
 
+_HEADING = re.compile(r"^#{1,6}\s", re.MULTILINE)
+
+
+def chunk_by_heading(doc: str, max_chunk_size: int = 5000) -> List[str]:
+    """Split ``doc`` at Markdown headings (lines starting with ``#`` .. ``######`` and a space):
+    each chunk is one section, its heading first; a section longer than ``max_chunk_size`` is cut
+    into fixed windows of that size. Text before the first heading is a chunk of its own.
+
+    Sections by their real boundaries, for documents with headings (the synthetic reports,
+    QASPER's sections, LongHealth's texts); :func:`chunk_by_section` cuts by size only.
+    """
+    if max_chunk_size < 1:
+        raise ValueError(f"max_chunk_size must be >= 1, got {max_chunk_size}")
+    starts = [m.start() for m in _HEADING.finditer(doc)]
+    bounds = ([0] if not starts or starts[0] > 0 else []) + starts + [len(doc)]
+    chunks: List[str] = []
+    for a, b in zip(bounds, bounds[1:]):
+        section = doc[a:b]
+        if section.strip():
+            chunks.extend(chunk_by_section(section, max_chunk_size))
+    return chunks
+
+
 # Page breaks as later official versions (``minions/utils/chunking.py``) recognise them.
 _PAGE_MARKERS = (
     r"\f",
@@ -258,6 +282,7 @@ SANDBOX_NAMES = [
     "Job",
     "chunk_by_section",
     "chunk_by_size",
+    "chunk_by_heading",
     "chunk_by_page",
     "chunk_by_paragraph",
     "List",
