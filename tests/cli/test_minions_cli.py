@@ -125,3 +125,23 @@ def test_bench_runs_side_by_side_and_resumes(monkeypatch, capsys, remote, tmp_pa
     assert code == 0 and len(remote.requests) == n_requests
     code, _, err = call(monkeypatch, capsys, *[a if a != "2" else "3" for a in args])
     assert code == 2 and "different run" in err
+
+
+def test_local_model_on_an_openai_compatible_server_needs_no_key(monkeypatch, capsys, remote, doc):
+    local = FakeOpenAI(reply=lambda messages: "Cloud revenue was 42 million.")
+    try:
+        code, stdout, err = call(monkeypatch, capsys, "agent", "minions", "--local", "qwen2.5:3b",
+                                 "--local-base-url", local.base_url, "--remote", "gpt-4o",
+                                 "--remote-base-url", remote.base_url, "--key-env", KEY_ENV,
+                                 "--protocol", "local-only", "--doc", str(doc), "--question", "Cloud revenue?",
+                                 "--json")
+    finally:
+        local.close()
+    assert code == 0, err
+    rec = json.loads(stdout)
+    assert rec["answer"] == "Cloud revenue was 42 million."
+    req = local.requests[0]
+    assert req["body"]["model"] == "qwen2.5:3b" and "Authorization" not in req["headers"]
+    assert "42 million dollars" in req["body"]["messages"][0]["content"]
+    assert remote.requests == []  # local-only never calls the remote
+    assert rec["ledger"]["sides"]["local"]["calls"] == 1 and rec["ledger"]["sides"]["remote"]["calls"] == 0
