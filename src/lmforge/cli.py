@@ -526,9 +526,11 @@ def agent_minions(
     from lmforge.methods.minions.apply import MinionsConfig, read_document, run_protocol
     from lmforge.methods.minions.ledger import CostLedger
 
+    from lmforge.common.io import check_output_file
+
     cfg = MinionsConfig(protocol=protocol, max_rounds=max_rounds, chunk_size=chunk_size, doc_metadata=doc_metadata)
-    if out is not None and out.exists() and not overwrite:
-        raise UserError(f"{out} already exists; pass --overwrite to replace it")
+    if out is not None:
+        check_output_file(out, overwrite)  # before any model is paid for
     text = read_document(doc)
     if not question.strip():
         raise UserError("--question is empty")
@@ -542,15 +544,18 @@ def agent_minions(
         typer.echo(ledger.render(), err=True)  # what was spent before the failure
         raise
     rec.update(question=question, document=str(doc), local=local, remote=remote)
-    if out is not None:
-        atomic_write_json(out, rec)
     if as_json:
         _emit_json(rec)
-        return
-    typer.echo(f"answer: {rec['answer']}")
-    typer.echo(CostLedger.from_dict(rec["ledger"]).render())
-    if out is not None:
-        typer.echo(f"saved to {out}")
+    else:
+        typer.echo(f"answer: {rec['answer']}")
+        typer.echo(CostLedger.from_dict(rec["ledger"]).render())
+    if out is not None:  # after the answer is shown: a failed write loses nothing that was paid for
+        try:
+            atomic_write_json(out, rec)
+        except OSError as exc:
+            raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
+        if not as_json:
+            typer.echo(f"saved to {out}")
 
 
 @bench_app.command("minions")
@@ -599,8 +604,16 @@ def bench_minions(
         kw: dict[str, Any] = {"docs_dir": docs_dir} if docs_dir is not None else {}
         items, source = load_docqa(data, fmt, **kw), str(data)  # type: ignore[arg-type]
     items = items[:limit] if limit else items
-    setup = BenchSetup(local=local, remote=remote, data=source, protocols=protocols,
-                       prices=None if prices is None else {"file": str(prices)})
+    import hashlib
+
+    setup = BenchSetup(
+        local=local, remote=remote, data=source, protocols=protocols,
+        prices=None if prices is None else {"file": str(prices),
+                                            "sha256": hashlib.sha256(prices.read_bytes()).hexdigest()},
+        clients={"local_base_url": local_base_url, "remote_base_url": remote_base_url,
+                 "local_max_tokens": local_max_tokens, "remote_max_tokens": remote_max_tokens},
+        data_options={"format": fmt, "docs_dir": None if docs_dir is None else str(docs_dir)},
+    )
     local_c, remote_c = _minions_clients(local, remote, remote_base_url, local_base_url, key_env,
                                          set(setup.protocols), local_max_tokens, remote_max_tokens)
     res = run_bench(items, local_c, remote_c, out, setup, cfg=cfg, ledger_factory=factory, overwrite=overwrite,

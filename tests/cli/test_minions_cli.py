@@ -145,3 +145,48 @@ def test_local_model_on_an_openai_compatible_server_needs_no_key(monkeypatch, ca
     assert "42 million dollars" in req["body"]["messages"][0]["content"]
     assert remote.requests == []  # local-only never calls the remote
     assert rec["ledger"]["sides"]["local"]["calls"] == 1 and rec["ledger"]["sides"]["remote"]["calls"] == 0
+
+
+def test_output_paths_fail_before_any_call(monkeypatch, capsys, remote, doc, tmp_path):
+    folder = tmp_path / "adir"
+    folder.mkdir()
+    a_file = tmp_path / "afile"
+    a_file.write_text("x")
+    cases = [
+        ("agent", "minions", *_args(remote), "--protocol", "remote-only", "--doc", str(doc), "--question", "q",
+         "--out", str(folder), "--overwrite"),
+        ("agent", "minions", *_args(remote), "--protocol", "remote-only", "--doc", str(doc), "--question", "q",
+         "--out", str(a_file / "run.json")),
+        ("bench", "minions", *_args(remote), "--synthetic", "1", "--protocol", "remote-only", "--out", str(a_file)),
+    ]
+    for args in cases:
+        code, _, err = call(monkeypatch, capsys, *args)
+        lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+        assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert remote.requests == []  # nothing was paid for
+    bad = tmp_path / "bench"
+    bad.mkdir()
+    (bad / "results.json").write_text("[1, 2]")
+    code, _, err = call(monkeypatch, capsys, "bench", "minions", *_args(remote), "--synthetic", "1",
+                        "--protocol", "remote-only", "--out", str(bad))
+    assert code == 2 and "not a minions results file" in err
+
+
+def test_bench_resume_refuses_other_token_budgets_and_keeps_an_aborted_ledger(monkeypatch, capsys, remote, tmp_path):
+    out = tmp_path / "bench"
+    base = ["bench", "minions", *_args(remote), "--synthetic", "2", "--synthetic-chars", "1500",
+            "--protocol", "remote-only", "--out", str(out)]
+    assert call(monkeypatch, capsys, *base)[0] == 0
+    code, _, err = call(monkeypatch, capsys, *base, "--remote-max-tokens", "64")
+    assert code == 2 and "different run" in err
+    # The server goes away in the middle of a fresh run: one line, and the spent ledger is kept.
+    out2 = tmp_path / "bench2"
+    remote.script.append((200, {"id": "x", "choices": [{"index": 0, "message": {"role": "assistant", "content": "7"},
+                                                        "finish_reason": "stop"}],
+                                "usage": {"prompt_tokens": 5, "completion_tokens": 1}}, {}, 0.0))
+    remote.script.extend([(401, {"error": {"message": "key revoked"}}, {}, 0.0)] * 3)
+    code, _, err = call(monkeypatch, capsys, *[a if a != str(out) else str(out2) for a in base])
+    assert code == 2 and "key revoked" in err
+    data = json.loads((out2 / "results.json").read_text())
+    assert len(data["cells"]) == 1 and data["aborted"]["error"]
+    assert "remote" in err  # the ledger table of the aborted question

@@ -252,8 +252,8 @@ def test_missing_fields_name_the_field(tmp_path):
 # ---------------------------------------------------------------- score_answer
 
 
-def _numeric(answer: str, **meta) -> DocQA:
-    return DocQA(id="n", document="", question="?", answer=answer, kind="numeric", metadata=meta)
+def _numeric(answer: str, question: str = "?", **meta) -> DocQA:
+    return DocQA(id="n", document="", question=question, answer=answer, kind="numeric", metadata=meta)
 
 
 @pytest.mark.parametrize("pred, score", [
@@ -274,9 +274,19 @@ def test_numeric_tolerance_edges(pred, score):
     ("(1,577)", 0.0),                   # accounting negative
     ("5,000 - 3,000 = 1,577", 1.0),     # the stated answer is the last number
     ("1,577 - 300 = 1,277", 0.0),
+    ("1.5 million", 0.0),               # 1000x off: never a match, whatever the scale
+    ("1,577 thousand", 0.0),
 ])
 def test_numeric_financebench_style(pred, score):
-    assert ld.score_answer(_numeric("$1577.00"), pred) == score
+    item = _numeric("$1577.00", question="What is the FY2018 capital expenditure amount (in USD millions)?")
+    assert ld.score_answer(item, pred) == score
+
+
+def test_numeric_bare_gold_without_a_stated_unit_matches_only_as_written():
+    item = _numeric("$1577.00", question="What was the capital expenditure?")
+    assert ld.score_answer(item, "$1,577 million") == 1.0  # the unit left out of the gold
+    assert ld.score_answer(item, "1.58 billion") == 0.0  # no unit in the question to convert with
+    assert ld.question_unit("Revenue in USD thousands?") == 1e3 and ld.question_unit("Revenue?") is None
 
 
 def test_numeric_signs_percent_zero_and_custom_tolerance():

@@ -42,6 +42,9 @@ class BenchSetup:
     protocols: list[str] = field(default_factory=lambda: list(PROTOCOLS))
     config: dict[str, Any] = field(default_factory=dict)
     prices: dict[str, Any] | None = None
+    # Everything else that changes a cell's result: endpoints, token budgets, data options.
+    clients: dict[str, Any] = field(default_factory=dict)
+    data_options: dict[str, Any] = field(default_factory=dict)
 
 
 def check_protocols(protocols: Sequence[str]) -> list[str]:
@@ -68,6 +71,8 @@ def _load_results(path: Path, setup: dict[str, Any], overwrite: bool) -> dict[st
             data = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise UserError(f"cannot resume from {path}: {exc}; pass --overwrite to start afresh") from None
+        if not isinstance(data, dict) or not isinstance(data.get("cells"), dict):
+            raise UserError(f"{path} is not a minions results file; use another --out or pass --overwrite")
         if data.get("setup") != setup:
             raise UserError(f"{path} holds a different run (models, data, protocols or settings); "
                             "use another --out or pass --overwrite")
@@ -88,6 +93,9 @@ def run_bench(items: Sequence[DocQA], local: ChatClient | None, remote: ChatClie
     protocols = check_protocols(setup.protocols)
     base = cfg or MinionsConfig()
     setup = replace(setup, protocols=protocols, config={k: v for k, v in asdict(base).items() if k != "protocol"})
+    from lmforge.common.io import check_output_folder
+
+    check_output_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / RESULTS
     data = _load_results(path, asdict(setup), overwrite)
@@ -109,6 +117,18 @@ def run_bench(items: Sequence[DocQA], local: ChatClient | None, remote: ChatClie
             except StructuredOutputError as exc:
                 rec = {"protocol": protocol, "answer": None, "ledger": ledger.to_dict(), "details": {}}
                 error = str(exc)
+            except UserError as exc:
+                # A client failure (unreachable server, bad key) ends the run; what this question had
+                # already spent is kept beside the finished cells and shown.
+                data["aborted"] = {"protocol": protocol, "id": item.id, "error": str(exc), "ledger": ledger.to_dict()}
+                atomic_write_json(path, data)
+                if prog:
+                    prog.stop()
+                    prog = None
+                import sys
+
+                print(ledger.render(), file=sys.stderr)
+                raise
             answer = rec["answer"]
             data["cells"][f"{protocol}|{item.id}"] = {
                 "protocol": protocol, "id": item.id, "question": item.question, "gold": item.answer,
@@ -122,6 +142,7 @@ def run_bench(items: Sequence[DocQA], local: ChatClient | None, remote: ChatClie
     finally:
         if prog:
             prog.stop()
+    data.pop("aborted", None)
     data["summary"] = summarize(data, [it.id for it in items])
     atomic_write_json(path, data)
     return data

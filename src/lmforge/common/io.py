@@ -38,6 +38,34 @@ def check_output_dir(out: str | Path, overwrite: bool) -> Path:
     return path
 
 
+def check_output_file(out: str | Path, overwrite: bool) -> Path:
+    """``out`` as a Path, checked before any work: a one-line :class:`UserError` if it is a folder,
+    exists without ``overwrite``, or sits under a path that is a file."""
+    path = Path(out)
+    if path.is_dir():
+        raise UserError(f"output '{path}' is a folder; give a file path")
+    if path.exists() and not overwrite:
+        raise UserError(f"output '{path}' already exists; pass --overwrite to replace it")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UserError(f"cannot write '{path}': '{parent}' is a file, not a folder")
+            break
+    return path
+
+
+def check_output_folder(out: str | Path) -> Path:
+    """``out`` as a Path for a run folder (created later): a one-line :class:`UserError` if it or
+    one of its parents is a file."""
+    path = Path(out)
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise UserError(f"cannot use '{path}' as a folder: '{p}' is a file")
+            break
+    return path
+
+
 @contextlib.contextmanager
 def atomic_dir(out: str | Path, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary directory that replaces ``out`` only when the block succeeds.

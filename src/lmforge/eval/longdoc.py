@@ -563,21 +563,34 @@ def _close(a: float, b: float, tol: float) -> bool:
     return abs(a - b) <= tol * abs(b) * (1 + 1e-9)
 
 
-def _numbers_match(p: ParsedNumber, g: ParsedNumber, tol: float) -> bool:
+_UNIT_RE = re.compile(r"\b(?:in|of)\s+(?:usd\s+|us\$\s*|\$\s*|dollars\s+)?(thousands|millions|billions)\b",
+                      re.IGNORECASE)
+
+
+def question_unit(question: str) -> float | None:
+    """The unit a question asks its figures in ("... in USD millions?" -> 1e6), or None."""
+    m = _UNIT_RE.search(question or "")
+    return None if m is None else {"thousands": 1e3, "millions": 1e6, "billions": 1e9}[m.group(1).lower()]
+
+
+def _numbers_match(p: ParsedNumber, g: ParsedNumber, tol: float, unit: float | None = None) -> bool:
     if _close(p.total, g.total, tol):
         return True
     if (p.scale is None) != (g.scale is None):
-        # One side names its unit and the other does not ("$1577.00" asked "in USD millions" vs
-        # "$1.58 billion"): the bare number may be in units, thousands, millions or billions.
+        # One side names its scale and the other does not. The bare number is in the question's
+        # unit when it states one ("$1577.00" asked "in USD millions" vs "$1.58 billion"); else the
+        # two agree only as written ("1,577" vs "1,577 million": the unit left out).
+        # NOTE: trying every scale for the bare number would accept answers 1000x off ("1.5
+        # million" for 1,577 millions), which FinanceBench's LLM judge would not.
         bare, scaled = (p, g) if p.scale is None else (g, p)
-        if any(_close(bare.value * m, scaled.total, tol) for m in (1e3, 1e6, 1e9)):
+        if _close(bare.value * unit, scaled.total, tol) if unit is not None else _close(bare.value, scaled.value, tol):
             return True
     if g.pct != p.pct:  # 42.7% written as the fraction 0.427, or the reverse
         return _close(p.value * 100 if g.pct else p.value / 100, g.value, tol)
     return False
 
 
-def _numeric_score(gold_text: str, prediction: str, tol: float) -> float:
+def _numeric_score(gold_text: str, prediction: str, tol: float, unit: float | None = None) -> float:
     golds = parse_numbers(gold_text)
     if not golds:
         return qa_f1(prediction, gold_text)
@@ -588,11 +601,11 @@ def _numeric_score(gold_text: str, prediction: str, tol: float) -> float:
         return 0.0
     # The stated answer is taken to be the last number of its kind ("5,000 - 3,000 = 2,000").
     pred = (same_kind or cands)[-1]
-    if _numbers_match(pred, gold, tol):
+    if _numbers_match(pred, gold, tol, unit):
         return 1.0
     # "decreased by 12.3" answers a change of -12.3.
     if gold.value < 0 < pred.value and _DECREASE_RE.search(prediction):
-        return float(_numbers_match(ParsedNumber(-pred.value, pred.scale, pred.pct, False), gold, tol))
+        return float(_numbers_match(ParsedNumber(-pred.value, pred.scale, pred.pct, False), gold, tol, unit))
     return 0.0
 
 
@@ -639,7 +652,8 @@ def score_answer(item: DocQA, prediction: str | None) -> float:
         return 0.0
     prediction = str(prediction)
     if item.kind == "numeric":
-        return _numeric_score(item.answer, prediction, float(item.metadata.get("tolerance", NUMERIC_TOLERANCE)))
+        return _numeric_score(item.answer, prediction, float(item.metadata.get("tolerance", NUMERIC_TOLERANCE)),
+                              question_unit(item.question))
     if item.kind == "choice":
         gold = _option_index(item.answer, item.choices or [])
         picked = _choice_index(item, prediction)

@@ -2,7 +2,8 @@
 
 Minions (Narayan et al., ICML 2025, arXiv 2502.15964) reports cost as remote dollars: prompt tokens
 times the input price plus completion tokens times the output price, per million tokens, with
-GPT-4o's release prices ($2.50 / $10.00). Local tokens are counted but free. :class:`CostLedger`
+GPT-4o at $2.50 / $10.00 (the official code's table; the price of gpt-4o-2024-08-06, which the
+``gpt-4o`` alias pointed to during the paper's experiments). Local tokens are counted but free. :class:`CostLedger`
 keeps, per side (``"local"`` / ``"remote"``) and per model, the number of calls and the prompt and
 completion tokens; :class:`LedgeredClient` wraps any :class:`~lmforge.methods.minions.clients.ChatClient`
 so that every call it makes is recorded.
@@ -75,12 +76,14 @@ class Price:
 
 
 # List prices in US dollars per million tokens (standard tier, no batch or cache discounts), as
-# published on the providers' pricing pages (openai.com/api/pricing, anthropic.com/pricing) when each
-# model was released; the Minions paper uses GPT-4o's ($2.50 / $10.00). Prices change: pass
+# published on the providers' pricing pages (openai.com/api/pricing, anthropic.com/pricing); the
+# Minions code prices GPT-4o at $2.50 / $10.00, the gpt-4o-2024-08-06 price (the first snapshot,
+# gpt-4o-2024-05-13, launched at $5 / $15 and is listed on its own). Prices change: pass
 # `prices=` / `default_price=` to CostLedger, or a YAML/JSON price file to CostLedger.from_file,
 # to use others.
 PRICES: dict[str, Price] = {
     "gpt-4o": Price(2.50, 10.00),
+    "gpt-4o-2024-05-13": Price(5.00, 15.00),
     "gpt-4o-mini": Price(0.15, 0.60),
     "gpt-4.1": Price(2.00, 8.00),
     "gpt-4.1-mini": Price(0.40, 1.60),
