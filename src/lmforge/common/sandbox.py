@@ -22,18 +22,53 @@ from the kernel outwards, each of which stops something the others might miss:
    turned into a "timeout" report, the hard limit one second later kills), ``RLIMIT_AS`` (memory on
    top of what the interpreter and prelude already use), ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``,
    ``RLIMIT_CORE=0`` and ``RLIMIT_NPROC=0``.
-3. **Kernel isolation** (Linux, best effort, the layers that worked are listed in
-   :attr:`SandboxResult.layers`): a new network namespace (``unshare(CLONE_NEWNET)`` through
-   ``ctypes`` on Python 3.11; only a down loopback inside), then, when started as root, the child
-   drops to ``nobody`` (so file permissions apply and ``RLIMIT_NPROC`` counts: root ignores it), sets
-   ``no_new_privs`` and installs a seccomp filter that refuses ``socket``, ``fork``/``vfork``/
-   ``clone`` (threads excepted), ``execve``, ``ptrace``, ``kill`` of other processes, namespace and
-   mount calls, ``bpf``, ``io_uring`` and similar (x86_64 and aarch64 syscall tables).
+3. **Kernel isolation** (Linux x86_64/aarch64, best effort: the layers that worked are listed in
+   :attr:`SandboxResult.layers`, a missing one is simply absent; nothing else changes):
+
+   * ``"netns"``: a new network namespace (``unshare(CLONE_NEWNET)``; needs root or CAP_SYS_ADMIN,
+     some containers refuse it): only a down loopback inside, no route anywhere.
+   * ``"uid"`` (started as root only): the child drops to ``nobody``, so file permissions apply
+     (e.g. a 0700 ``/root``) and ``RLIMIT_NPROC`` counts (root ignores it).
+   * ``"landlock"`` (kernel >= 5.13 with Landlock enabled; root or not, after ``no_new_privs``):
+     **the file confinement that does not depend on Python**. Every filesystem right the kernel's
+     Landlock ABI knows is handled (ABI 1: execute, read/write file, read dir, remove, make
+     char/dir/reg/sock/fifo/block/sym; ABI 2 refer; ABI 3 truncate; ABI 5 device ioctl) and only
+     these are granted: everything but execute and device nodes beneath the sandbox folder; read
+     (files and listings) beneath the Python prefixes and lmforge's package folder; ``/dev/null``
+     read-write; ``/dev/urandom`` and ``/dev/random`` read. The kernel checks the file actually
+     reached, after symlinks, ``..``, ``dir_fd`` and any rename race, so nothing the code does in
+     Python (or to the interpreter's memory) opens, creates, writes, removes, renames or links a
+     file elsewhere. From ABI 6 signals and abstract unix sockets are also scoped to the sandbox.
+     Landlock does not cover: ``stat``/``access``/``readlink``/``chdir`` (the code can learn
+     whether a path exists, its size and owner, not its content), ``getxattr``, files opened
+     before it (the inherited pipes), and, below ABI 3, ``truncate`` of an outside path.
+   * ``"seccomp"``: a filter (EPERM) on ``socket``/``socketpair``, ``fork``/``vfork``/``clone``
+     (threads excepted), ``execve``, ``ptrace`` and ``process_vm_*``, signals to other processes
+     (``kill``/``tgkill`` only to itself; ``tkill``, ``rt_sigqueueinfo``, ``rt_tgsigqueueinfo``,
+     ``pidfd_send_signal`` refused), ``rt_sigaction`` and every timer (``alarm``, ``setitimer``,
+     ``timer_create``/``timer_settime``: installed after the sandbox's own handlers, so the code
+     can install no signal handler and arm no timer), scheduling, priority, I/O priority, rlimit
+     and page-migration calls on any process but itself, ``chmod``/``chown``/``utime``/xattr writes
+     on any path (which Landlock does not cover), namespace and mount calls, ``bpf``, perf,
+     ``userfaultfd``, keyrings, kexec, modules, reboot, ``io_uring``, handle-based opens,
+     ``personality``, ``process_madvise``.
 4. **Audit hook** (``sys.addaudithook``, cannot be removed): refuses sockets, process creation,
    signals, ``ctypes``, bytecode forging (``code.__new__``, ``marshal.loads``), ``gc`` object
-   walks, and file access outside the sandbox folder (reads are also allowed under the Python
-   prefixes and lmforge's package). A refusal writes a "forbidden" report and ends the process at
-   once, so user code cannot catch it and carry on.
+   walks, symlink and hard-link creation, opening directories (a directory fd would make
+   ``dir_fd``-relative paths uncheckable: the ``open`` event does not carry ``dir_fd``), and file
+   access outside the sandbox folder (reads are also allowed under the Python prefixes and
+   lmforge's package). A refusal writes a "forbidden" report and ends the process at once, so user
+   code cannot catch it and carry on. The hook is built so that code reaching its frames (a gc
+   finalizer, the CPU-limit handler) cannot switch it off: it reads no globals, has no closure
+   cells but its own (``cell_contents`` is writable without an audit event), keeps no on/off flag,
+   refuses any change to its functions' attributes, fails closed on any exception (a removed cwd,
+   ``RecursionError``) and on re-entry (user code running in the middle of a check, the moment a
+   TOCTOU rename or ``chdir`` would need). ``gc`` stays enabled: disabling it would be no control
+   (the code can reach the ``gc`` module and re-enable it), and a finalizer that does anything the
+   hook audits while a check is under way ends the process.
+   Still, it is Python-level and best effort: where Landlock is active it is the second line for
+   files; where Landlock is missing it is the only line for files the process's uid may access
+   (all of the caller's files when not root; world-readable files as ``nobody``).
 5. **Namespace**: the code runs with a reduced ``__builtins__`` (no ``exec``/``eval``/``compile``;
    ``open`` only inside the sandbox folder; ``__import__`` only for ``allowed_imports``, which are
    imported before the kernel layers close), plus the names the prelude exports. This layer is
@@ -41,14 +76,22 @@ from the kernel outwards, each of which stops something the others might miss:
    layers 1-4 exist. Its refusals raise catchable ``PermissionError``/``ImportError`` subclasses,
    reported as kind ``"forbidden"`` when uncaught.
 
+In short, as root on a kernel with Landlock (the CI machines): all six layers; reads confined to the
+sandbox folder, the Python install and lmforge's package, writes to the sandbox folder, by the
+kernel. Not root: no ``"uid"`` (and usually no ``"netns"``), Landlock and seccomp still apply. No
+Landlock: file confinement rests on the audit hook (and, as root, on ``nobody``'s permissions).
+
 Arguments go to the child in a JSON file that it deletes before user code runs; the result comes
 back as one JSON line on a dedicated pipe. ``stdout`` is the captured ``print`` output, capped at
 ``max_output_bytes`` in the child and again in the parent; the child's stderr only feeds the one-line
-``error`` when the process dies without a report.
+``error`` when the process dies without a report. Codecs that ``str.encode`` would look up lazily
+(``cp1252``, ``idna``, ``utf_16``, ...) are loaded before the uid drop and Landlock.
 
 Known limits: the number of files written inside the sandbox folder is not capped (each file is,
-by ``RLIMIT_FSIZE``, and the CPU limit bounds the total); without root there is no uid drop, and on
-other architectures or kernels without seccomp that layer is skipped.
+by ``RLIMIT_FSIZE``, and the CPU limit bounds the total); a module the code imports for the first
+time after the sandbox closed must be readable under the read roots; the code can still learn
+metadata (existence, size, owner) of outside paths, and reach the Python objects of the trusted
+prelude and allowed modules (so their results are only as trustworthy as the code's).
 """
 
 from __future__ import annotations
@@ -120,8 +163,21 @@ class SandboxLimits:
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise UserError(f"SandboxLimits.{name} must be a positive number, got {value!r}")
+            if not _finite_positive(value):
+                raise UserError(
+                    f"SandboxLimits.{name} must be a finite positive number, got {value!r:.40}"
+                )
+
+
+def _finite_positive(value: Any) -> bool:
+    """A real number (not a bool) above zero, not inf or nan, and not an int too big for a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        number = float(value)
+    except OverflowError:
+        return False
+    return math.isfinite(number) and number > 0
 
 
 @dataclass
@@ -136,8 +192,10 @@ class SandboxResult:
         kind: one of :data:`KINDS`: ``"ok"``, ``"error"`` (exception in the code), ``"timeout"``
             (CPU or wall clock), ``"memory"``, ``"forbidden"`` (refused operation or import),
             ``"killed"`` (the process died without a report).
-        layers: the defences that were active in the child (``"rlimits"``, ``"netns"``, ``"uid"``,
-            ``"seccomp"``, ``"audit"``); empty when the child reported nothing.
+        layers: the defences that were active in the child, in the order they closed
+            (``"rlimits"``, ``"netns"``, ``"uid"``, ``"landlock"``, ``"seccomp"``, ``"audit"``); a
+            kernel layer this machine does not offer is absent; empty when the child reported
+            nothing.
     """
 
     ok: bool
@@ -537,16 +595,12 @@ def _child_main(payload_path: str, result_fd: int) -> None:
     layers: list[str] = []
     channel = _Channel(result_fd, layers)
     try:
-        payload, prelude, tmp = _close_sandbox(payload_path, layers)
+        payload, prelude, tmp = _close_sandbox(payload_path, layers, channel)
     except _PreludeError as exc:
         channel.finish({"kind": "error", "error": str(exc)})
     except BaseException as exc:  # noqa: BLE001 - report any setup failure instead of a traceback
         channel.finish({"kind": "error", "error": f"sandbox setup failed: {_describe(exc)}"})
     limits = payload["limits"]
-    stdout = _CappedStdout(sys.stdout.buffer, limits["max_output_bytes"])
-    sys.stdout = stdout
-    channel.stdout = stdout
-    _install_signal_handlers(channel, _cpu_limit(limits["cpu_seconds"]))
     layers.append("audit")
     sys.addaudithook(_make_audit_hook(tmp, _read_roots(), channel))
     # Kept in reserve so that a MemoryError report can still be built after the code used it all.
@@ -570,8 +624,15 @@ def _child_main(payload_path: str, result_fd: int) -> None:
     channel.finish(report)
 
 
-def _close_sandbox(payload_path: str, layers: list[str]) -> tuple[dict[str, Any], Any, str]:
+def _close_sandbox(
+    payload_path: str, layers: list[str], channel: _Channel
+) -> tuple[dict[str, Any], Any, str]:
     """Read the payload, set the limits, import what is trusted, then shut the kernel doors.
+
+    The order matters: files are read (payload, prelude, codecs) while still root; the Landlock
+    rules are built while the read roots can still be opened (they may live under a 0700 /root),
+    enforced after the uid drop; the signal handlers are installed before the seccomp filter,
+    which then refuses any further ``rt_sigaction``/timer call.
 
     Returns:
         The payload, the prelude module (or None) and the sandbox folder.
@@ -603,12 +664,43 @@ def _close_sandbox(payload_path: str, layers: list[str]) -> tuple[dict[str, Any]
             __import__(name)
         except Exception:  # noqa: BLE001 - a missing module fails later, at the user's import
             pass
+    _preload_lazy_stdlib()
     _limit_memory(limits["memory_mb"])
+    tmp = os.path.realpath(os.getcwd())
+    ruleset = _landlock_ruleset(tmp, _read_roots())
     if _drop_privileges():
         layers.append("uid")
+    if ruleset is not None and _landlock_restrict(ruleset):
+        layers.append("landlock")
+    stdout = _CappedStdout(sys.stdout.buffer, limits["max_output_bytes"])
+    sys.stdout = stdout
+    channel.stdout = stdout
+    _install_signal_handlers(channel, _cpu_limit(limits["cpu_seconds"]))
     if _install_seccomp():
         layers.append("seccomp")
-    return payload, prelude, os.path.realpath(os.getcwd())
+    return payload, prelude, tmp
+
+
+#: Codecs found lazily by ``codecs.lookup`` (an import of ``encodings.<name>``): looked up before
+#: the uid drop and Landlock, which can leave the standard library unreadable.
+_PRELOADED_CODECS = (
+    "ascii", "latin_1", "cp1252", "cp1251", "cp1250", "cp437", "cp850", "iso8859_2", "iso8859_15",
+    "mac_roman", "utf_16", "utf_16_le", "utf_16_be", "utf_32", "utf_32_le", "utf_32_be",
+    "utf_8_sig", "utf_7", "idna", "punycode", "unicode_escape", "raw_unicode_escape", "charmap",
+)  # fmt: skip
+
+
+def _preload_lazy_stdlib() -> None:
+    """Load what the standard library would otherwise read from disk on first use."""
+    import codecs
+    import time
+
+    for name in _PRELOADED_CODECS:
+        try:
+            codecs.lookup(name)
+        except LookupError:
+            pass
+    time.localtime()  # libc reads /etc/localtime once and keeps it
 
 
 class _PreludeError(Exception):
@@ -704,27 +796,62 @@ def _drop_privileges() -> bool:
     return os.geteuid() == _NOBODY
 
 
-# seccomp: syscall numbers from <asm/unistd_64.h> (x86_64) and <asm-generic/unistd.h> (aarch64).
+# seccomp: syscall numbers from <asm/unistd_64.h> (x86_64) and <asm-generic/unistd.h> (aarch64);
+# 452 (fchmodat2, Linux 6.6), 463 (setxattrat) and 466 (removexattrat, 6.13) are newer than those
+# headers here and come from the kernel's syscall tables (the same numbers on both architectures).
 _SECCOMP_TABLES: dict[str, dict[str, Any]] = {
     "x86_64": {
         "arch": 0xC000003E,  # AUDIT_ARCH_X86_64
         "deny": (41, 53, 57, 58, 59, 322, 101, 310, 311, 165, 166, 155, 161, 272, 308, 321, 298,
                  323, 250, 248, 249, 246, 320, 175, 313, 176, 169, 425, 426, 427, 200, 303, 304, 135,
-                 424, 438, 428, 429, 430, 431, 432, 433, 442),
+                 424, 438, 428, 429, 430, 431, 432, 433, 442,
+                 129, 297, 13, 37, 38, 222, 223, 440,
+                 90, 91, 92, 93, 94, 260, 268, 452, 132, 235, 261, 280,
+                 188, 189, 190, 197, 198, 199, 463, 466),
         # socket socketpair fork vfork execve execveat ptrace process_vm_readv/writev mount umount2
         # pivot_root chroot unshare setns bpf perf_event_open userfaultfd keyctl add_key request_key
         # kexec_load kexec_file_load init_module finit_module delete_module reboot io_uring x3 tkill
-        # name_to_handle_at open_by_handle_at personality pidfd_send_signal pidfd_getfd new mount API
+        # name_to_handle_at open_by_handle_at personality pidfd_send_signal pidfd_getfd new mount API;
+        # rt_sigqueueinfo rt_tgsigqueueinfo rt_sigaction alarm setitimer timer_create timer_settime
+        # process_madvise; chmod fchmod chown fchown lchown fchownat fchmodat fchmodat2 utime utimes
+        # futimesat utimensat; setxattr lsetxattr fsetxattr removexattr lremovexattr fremovexattr
+        # setxattrat removexattrat
         "clone": 56, "clone3": 435, "kill": 62, "tgkill": 234,
+        "sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203,
+        "sched_setattr": 314, "prlimit64": 302, "migrate_pages": 256, "move_pages": 279,
+        "setpriority": 141, "ioprio_set": 251,
     },
     "aarch64": {
         "arch": 0xC00000B7,  # AUDIT_ARCH_AARCH64
         "deny": (198, 199, 221, 281, 117, 270, 271, 40, 39, 41, 51, 97, 268, 280, 241, 282, 219,
                  217, 218, 104, 294, 105, 273, 106, 142, 425, 426, 427, 130, 264, 265, 92, 424, 438,
-                 428, 429, 430, 431, 432, 433, 442),
+                 428, 429, 430, 431, 432, 433, 442,
+                 138, 240, 134, 103, 107, 110, 440,
+                 52, 55, 54, 53, 452, 88,
+                 5, 6, 7, 14, 15, 16, 463, 466),
+        # (aarch64 has no chmod/chown/lchown/utime/utimes/futimesat/alarm: only the *at forms)
         "clone": 220, "clone3": 435, "kill": 129, "tgkill": 131,
+        "sched_setparam": 118, "sched_setscheduler": 119, "sched_setaffinity": 122,
+        "sched_setattr": 274, "prlimit64": 261, "migrate_pages": 238, "move_pages": 239,
+        "setpriority": 140, "ioprio_set": 30,
     },
 }  # fmt: skip
+
+_SELF = "self"  # stands for this process's pid in _SECCOMP_SELF_ONLY
+#: Calls allowed only on this process: (syscall, ((argument index, allowed values), ...)).
+_SECCOMP_SELF_ONLY = (
+    ("kill", ((0, (_SELF,)),)),  # raise(); kill(0, ...) would signal the whole group
+    ("tgkill", ((0, (_SELF,)),)),  # abort()
+    ("sched_setparam", ((0, (0, _SELF)),)),
+    ("sched_setscheduler", ((0, (0, _SELF)),)),
+    ("sched_setaffinity", ((0, (0, _SELF)),)),
+    ("sched_setattr", ((0, (0, _SELF)),)),
+    ("prlimit64", ((0, (0, _SELF)),)),  # glibc's setrlimit is prlimit64(0, ...)
+    ("migrate_pages", ((0, (0, _SELF)),)),
+    ("move_pages", ((0, (0, _SELF)),)),
+    ("setpriority", ((0, (0,)), (1, (0, _SELF)))),  # PRIO_PROCESS only, not PRIO_PGRP/PRIO_USER
+    ("ioprio_set", ((0, (1,)), (1, (0, _SELF)))),  # IOPRIO_WHO_PROCESS only
+)
 
 
 def _seccomp_program(table: dict[str, Any], pid: int) -> list[tuple[int, int, int, int]]:
@@ -753,16 +880,32 @@ def _seccomp_program(table: dict[str, Any], pid: int) -> list[tuple[int, int, in
         (ret, 0, 0, allow),  # a thread, not a process
         (ret, 0, 0, deny),
     ]
-    for name in ("kill", "tgkill"):  # signals only to itself (raise(), abort())
-        prog += [
-            (jeq, 0, 4, table[name]),
-            (ld_abs, 0, 0, arg0),
-            (jeq, 0, 1, pid),
-            (ret, 0, 0, allow),
-            (ret, 0, 0, deny),
-        ]
+    for name, conditions in _SECCOMP_SELF_ONLY:
+        body: list[tuple[int, int, int, int]] = []
+        for index, values in conditions:
+            # The low 32 bits of the argument: these are all int/pid_t parameters.
+            body.append((ld_abs, 0, 0, arg0 + 8 * index))
+            allowed = [pid if v == _SELF else v for v in values]
+            for i, value in enumerate(allowed):
+                body.append((jeq, len(allowed) - i, 0, value))  # match: past the "deny" below
+            body.append((ret, 0, 0, deny))
+        body.append((ret, 0, 0, allow))
+        prog.append((jeq, 0, len(body), table[name]))  # another syscall: skip this block
+        prog += body
     prog.append((ret, 0, 0, allow))
     return prog
+
+
+def _set_no_new_privs() -> bool:
+    """``prctl(PR_SET_NO_NEW_PRIVS)``: required for seccomp and Landlock without CAP_SYS_ADMIN."""
+    import ctypes
+
+    try:
+        prctl = _libc().prctl
+        prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+        return prctl(38, 1, None, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def _install_seccomp() -> bool:
@@ -784,14 +927,135 @@ def _install_seccomp() -> bool:
     filters = (SockFilter * len(program))(*[SockFilter(*ins) for ins in program])
     fprog = SockFprog(len(program), filters)
     try:
-        libc = _libc()
-        prctl = libc.prctl
-        prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
-        if prctl(38, 1, None, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS: required to filter without root
+        if not _set_no_new_privs():
             return False
+        prctl = _libc().prctl
+        prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
         return prctl(22, 2, ctypes.addressof(fprog), 0, 0) == 0  # PR_SET_SECCOMP, MODE_FILTER
     except (OSError, AttributeError):
         return False
+
+
+# Landlock (Linux >= 5.13, <linux/landlock.h>): the same syscall numbers on x86_64 and aarch64.
+_LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446
+_LL_EXECUTE, _LL_WRITE_FILE, _LL_READ_FILE, _LL_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_LL_MAKE_CHAR, _LL_MAKE_BLOCK = 1 << 6, 1 << 11
+_LL_REFER, _LL_TRUNCATE, _LL_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15  # since ABI 2, 3 and 5
+_LL_SCOPE_ABSTRACT_UNIX_SOCKET, _LL_SCOPE_SIGNAL = 1 << 0, 1 << 1  # since ABI 6
+
+
+def _landlock_syscall(number: int, *args: Any) -> int:
+    import ctypes
+
+    syscall = _libc().syscall
+    syscall.restype = ctypes.c_long
+    return int(syscall(ctypes.c_long(number), *args))
+
+
+def _landlock_abi() -> int:
+    """The kernel's Landlock ABI version; 0 where there is none (old kernel, disabled, not Linux)."""
+    import ctypes
+
+    if sys.platform != "linux" or os.uname().machine not in _SECCOMP_TABLES:
+        return 0
+    try:  # LANDLOCK_CREATE_RULESET_VERSION
+        version = _landlock_syscall(_LANDLOCK_CREATE_RULESET, None, ctypes.c_long(0), ctypes.c_long(1))
+    except (OSError, AttributeError):
+        return 0
+    return max(version, 0)
+
+
+def _landlock_fs_rights(abi: int) -> int:
+    """Every filesystem access right the ABI knows: all of them are handled (denied by default)."""
+    rights = (1 << 13) - 1  # ABI 1: EXECUTE .. MAKE_SYM
+    if abi >= 2:
+        rights |= _LL_REFER
+    if abi >= 3:
+        rights |= _LL_TRUNCATE
+    if abi >= 5:
+        rights |= _LL_IOCTL_DEV
+    return rights
+
+
+def _landlock_ruleset(tmp: str, read_roots: tuple[str, ...]) -> int | None:
+    """Build the Landlock ruleset of the child; its fd, or None where Landlock is unavailable.
+
+    Built before the uid drop (the read roots may be reachable only by root), enforced after it by
+    :func:`_landlock_restrict`. Rules: everything but execute and device nodes beneath the sandbox
+    folder; read (files and listings) beneath the read roots; ``/dev/null`` read-write and the
+    random devices read-only. Everything else, every handled right, is denied.
+    """
+    import ctypes
+
+    abi = _landlock_abi()
+    if abi < 1:
+        return None
+    handled = _landlock_fs_rights(abi)
+
+    class RulesetAttr(ctypes.Structure):
+        _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                    ("scoped", ctypes.c_uint64)]  # fmt: skip
+
+    class PathBeneath(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+    attr = RulesetAttr(handled, 0, 0)
+    size = 8  # only handled_access_fs: what ABI 1 knows
+    if abi >= 6:  # no signals to, nor abstract unix sockets of, processes outside the sandbox
+        attr.scoped = _LL_SCOPE_ABSTRACT_UNIX_SOCKET | _LL_SCOPE_SIGNAL
+        size = ctypes.sizeof(attr)
+    try:
+        ruleset = _landlock_syscall(
+            _LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_long(size), ctypes.c_long(0)
+        )
+    except (OSError, AttributeError):
+        return None
+    if ruleset < 0:
+        return None
+    read = _LL_READ_FILE | _LL_READ_DIR
+    rules = [(tmp, handled & ~(_LL_EXECUTE | _LL_MAKE_CHAR | _LL_MAKE_BLOCK), True)]
+    rules += [(root, read, False) for root in read_roots]
+    rules += [
+        ("/dev/null", _LL_READ_FILE | _LL_WRITE_FILE | _LL_TRUNCATE, False),
+        ("/dev/urandom", _LL_READ_FILE, False),
+        ("/dev/random", _LL_READ_FILE, False),
+    ]
+    for path, access, required in rules:
+        added = False
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            try:
+                rule = PathBeneath(access & handled, fd)
+                added = _landlock_syscall(
+                    _LANDLOCK_ADD_RULE, ctypes.c_long(ruleset), ctypes.c_long(1),  # PATH_BENEATH
+                    ctypes.byref(rule), ctypes.c_long(0),
+                ) == 0  # fmt: skip
+            except (OSError, AttributeError):
+                pass
+            finally:
+                os.close(fd)
+        if required and not added:  # without the folder the code could not work: no Landlock
+            os.close(ruleset)
+            return None
+    return ruleset
+
+
+def _landlock_restrict(ruleset: int) -> bool:
+    """Enforce the ruleset on this process (and anything it could start); closes the fd."""
+    import ctypes
+
+    try:
+        if not _set_no_new_privs():
+            return False
+        return _landlock_syscall(_LANDLOCK_RESTRICT_SELF, ctypes.c_long(ruleset), ctypes.c_long(0)) == 0
+    except (OSError, AttributeError):
+        return False
+    finally:
+        os.close(ruleset)
 
 
 def _read_roots() -> tuple[str, ...]:
@@ -825,36 +1089,47 @@ def _frame_line(frame: Any) -> int | None:
 
 
 def _make_audit_hook(tmp: str, read_roots: tuple[str, ...], channel: _Channel) -> Any:
-    """Build the audit hook. It is self-contained on purpose.
+    """Build the audit hook. It is self-contained and immutable on purpose.
 
-    User code can reach module globals, and even the ``builtins`` module, through introspection and
-    rebind them. So the hook uses only what is captured here, before the code runs: strings,
-    frozensets, and builtin functions and types, none of which can be changed afterwards.
+    User code can reach module globals, the ``builtins`` module and, through ``sys._getframe`` or
+    a traceback, the hook's own frames and their locals (a gc finalizer or the CPU-limit handler
+    may run *inside* the hook). So:
+
+    * every function below reads only its parameters: no globals (which could be rebound), no
+      closure cells (``cell.cell_contents`` can be assigned without any audit event); what they
+      use is bound as positional defaults, which are tuples, strings, frozensets and builtin
+      functions and types. Replacing a default, ``__code__`` or any attribute of these functions
+      is an ``object.__setattr__`` event, refused;
+    * there is no on/off flag: the only state is ``busy`` in the hook's own cell, and the hook
+      function itself is unreachable (frames do not expose it, ``gc.get_referrers`` is refused);
+    * a re-entered hook (a finalizer or signal handler running in the middle of a check, the
+      moment a TOCTOU rename or ``chdir`` would need) refuses everything except the two read-only
+      events the hook itself raises while reporting (``sys._getframe``, ``object.__getattr__``);
+    * the whole check runs in ``try``/``except BaseException``: anything unexpected (a removed
+      cwd, ``RecursionError``, ``KeyboardInterrupt``) fails closed with a "forbidden" report and
+      ``os._exit``. If even that fails (no stack left), the exception propagates, which aborts
+      the audited operation, and ``busy`` stays set, so every later audited operation is refused.
     """
     import posix
 
-    lstat, stat, readlink, getcwd = posix.lstat, posix.stat, posix.readlink, posix.getcwd
-    getframe, exit_now, write_fd, fd = sys._getframe, os._exit, os.write, channel.fd
-    type_of, str_t, bytes_t, int_t = type, str, bytes, int
-    os_error, base_exc, ord_of, str_join = OSError, BaseException, ord, str.join
-    filename = _FILENAME
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-    # A directory fd outside the folder would let dir_fd-relative calls escape the path checks.
+    # Directory fds are refused outright: the "open" event does not carry dir_fd, so a path that
+    # is relative to a directory fd cannot be checked (nor can later dir_fd=/fchdir uses).
     dir_flags = os.O_DIRECTORY | getattr(os, "O_PATH", 0)
     # Flush the real buffer through its (immutable) type: user code can rebind attributes of
-    # sys.stdout, and nothing user-controlled may run while the hook is reporting.
+    # sys.stdout, and nothing user-controlled should run while the hook is reporting.
     binary = channel.stdout._out if channel.stdout is not None else None
     flush_binary = type(binary).flush if binary is not None else None
     layers_json = "[" + ", ".join('"' + name + '"' for name in channel.layers) + "]"
-    special_rw = frozenset({"/dev/null"})
-    special_r = frozenset({"/dev/urandom", "/dev/random"})
+    fallback = ('\n{"kind": "forbidden", "error": "refused by the sandbox", "layers": '
+                + layers_json + "}\n").encode()  # fmt: skip
     refused_exact = frozenset({
         "os.system", "os.fork", "os.forkpty", "os.kill", "os.killpg", "os.startfile",
         "os.posix_spawn", "os.exec", "os.spawn", "subprocess.Popen", "pty.spawn",
         "signal.pthread_kill", "resource.setrlimit", "resource.prlimit", "sys.addaudithook",
         "code.__new__", "marshal.load", "marshal.loads", "gc.get_objects", "gc.get_referrers",
         "gc.get_referents", "_thread.start_new_thread", "webbrowser.open", "urllib.Request",
-        "sys.remote_exec",
+        "sys.remote_exec", "os.symlink", "os.link",
     })  # fmt: skip
     refused_prefixes = ("socket.", "ctypes.", "_ctypes.", "subprocess.", "os.exec", "os.spawn",
                         "os.posix_spawn", "winreg.", "_winapi.", "msvcrt.", "ftplib.", "smtplib.",
@@ -864,24 +1139,29 @@ def _make_audit_hook(tmp: str, read_roots: tuple[str, ...], channel: _Channel) -
         "_multiprocessing", "pty", "ssl", "_ssl", "select", "mmap",
     })  # fmt: skip
     write_events = frozenset({
-        "os.remove", "os.rmdir", "os.rename", "os.link", "os.symlink", "os.mkdir", "os.chmod",
-        "os.chown", "os.truncate", "os.utime", "os.chflags", "os.lchflags", "os.setxattr",
-        "os.removexattr", "os.chdir", "os.mkfifo", "os.mknod", "shutil.rmtree", "shutil.copyfile",
-        "shutil.copymode", "shutil.copystat", "shutil.copytree", "shutil.move", "shutil.chown",
-        "shutil.make_archive", "shutil.unpack_archive",
+        "os.remove", "os.rmdir", "os.rename", "os.mkdir", "os.chmod", "os.chown", "os.truncate",
+        "os.utime", "os.chflags", "os.lchflags", "os.setxattr", "os.removexattr", "os.chdir",
+        "os.mkfifo", "os.mknod", "shutil.rmtree", "shutil.copyfile", "shutil.copymode",
+        "shutil.copystat", "shutil.copytree", "shutil.move", "shutil.chown", "shutil.make_archive",
+        "shutil.unpack_archive",
     })  # fmt: skip
     read_events = frozenset(
         {"os.listdir", "os.scandir", "os.getxattr", "os.listxattr", "glob.glob", "glob.glob/2"}
     )
+    special_rw = frozenset({"/dev/null"})
+    special_r = frozenset({"/dev/urandom", "/dev/random"})
     tmp_roots = (tmp,)
     readable = tmp_roots + read_roots
-    reporting = [False]  # set once a refusal is being reported: the process ends right after
 
-    def realpath(path: str) -> str:
+    def realpath(
+        path, getcwd=posix.getcwd, lstat=posix.lstat, readlink=posix.readlink, os_error=OSError,
+        str_join=str.join,
+    ):  # fmt: skip
         # Not os.path.realpath: it calls os.lstat through the os module, which user code can rebind.
+        # A link's relative target continues from the link's own folder (``resolved``).
         if not path.startswith("/"):
-            path = getcwd() + "/" + path
-        resolved: list[str] = []
+            path = getcwd() + "/" + path  # a removed cwd raises: the hook then fails closed
+        resolved = []
         pending = path.split("/")[::-1]
         hops = 0
         while pending:
@@ -910,7 +1190,7 @@ def _make_audit_hook(tmp: str, read_roots: tuple[str, ...], channel: _Channel) -
                 resolved.append(part)
         return "/" + str_join("/", resolved)
 
-    def as_path(value: Any) -> str | None:
+    def as_path(value, realpath=realpath, type_of=type, str_t=str, bytes_t=bytes):
         # Only exact str/bytes: a subclass or an os.PathLike could answer differently the next time.
         kind = type_of(value)
         if kind is str_t:
@@ -919,13 +1199,13 @@ def _make_audit_hook(tmp: str, read_roots: tuple[str, ...], channel: _Channel) -
             return realpath(value.decode("utf-8", "surrogateescape"))
         return None
 
-    def inside(path: str, roots: tuple[str, ...]) -> bool:
+    def inside(path, roots):
         for root in roots:
             if path == root or path.startswith(root + "/"):
                 return True
         return False
 
-    def json_escape(text: str) -> str:
+    def json_escape(text, ord_of=ord, str_join=str.join):
         # json.dumps could have been rebound by the user code.
         out = []
         for ch in text:
@@ -936,38 +1216,54 @@ def _make_audit_hook(tmp: str, read_roots: tuple[str, ...], channel: _Channel) -
                 out.append(ch)
         return str_join("", out)
 
-    def refuse(event: str, detail: str) -> None:
-        if reporting[0]:
-            return
-        reporting[0] = True
-        line = None
-        frame = getframe(1)
-        while frame is not None:
-            if frame.f_code.co_filename == filename:
-                line = frame.f_lineno
-                break
-            frame = frame.f_back
-        where = "" if line is None else " (line %d)" % line
-        message = "refused by the sandbox: " + event + detail + where
+    def refuse(
+        event, detail, getframe=sys._getframe, filename=_FILENAME, json_escape=json_escape,
+        flush_binary=flush_binary, binary=binary, layers_json=layers_json, fallback=fallback,
+        write_fd=os.write, fd=channel.fd, exit_now=os._exit, base_exc=BaseException, int_t=int,
+        type_of=type,
+    ):  # fmt: skip
+        # Write a "forbidden" report and end the process at once: user code must not catch the
+        # refusal and carry on. Never returns.
         try:
-            if flush_binary is not None:
-                flush_binary(binary)
-        except base_exc:  # noqa: BLE001 - the report matters more than the output
-            pass
-        text = '{"kind": "forbidden", "error": "' + json_escape(message) + '", "layers": '
-        text += layers_json + "}\n"
-        data = text.encode("utf-8")
-        while data:
-            data = data[write_fd(fd, data) :]
-        exit_now(0)  # at once: user code must not catch the refusal and carry on
+            line = None
+            frame = getframe(1)
+            while frame is not None:
+                if frame.f_code.co_filename == filename:
+                    line = frame.f_lineno
+                    break
+                frame = frame.f_back
+            where = " (line %d)" % line if type_of(line) is int_t else ""
+            message = "refused by the sandbox: " + event + detail + where
+            try:
+                if flush_binary is not None:
+                    flush_binary(binary)
+            except base_exc:  # noqa: BLE001 - the report matters more than the output
+                pass
+            # A leading newline: whatever the code left unterminated on the pipe stays apart.
+            text = '\n{"kind": "forbidden", "error": "' + json_escape(message) + '", "layers": '
+            data = (text + layers_json + "}\n").encode("utf-8")
+        except base_exc:  # noqa: BLE001
+            data = fallback
+        try:
+            while data:
+                data = data[write_fd(fd, data) :]
+        finally:
+            exit_now(0)
 
-    def describe(value: Any) -> str:
+    def describe(value, type_of=type, str_t=str, bytes_t=bytes):
         kind = type_of(value)
         return "(" + (value.__repr__() if kind is str_t or kind is bytes_t else "a non-str path") + ")"
 
-    def hook(event: str, args: tuple[Any, ...]) -> None:
-        if reporting[0]:
-            return
+    def check(
+        event, args, refuse=refuse, as_path=as_path, inside=inside, describe=describe,
+        stat=posix.stat, type_of=type, int_t=int, str_t=str, tuple_t=tuple, os_error=OSError,
+        refused_exact=refused_exact, refused_prefixes=refused_prefixes,
+        refused_imports=refused_imports, write_events=write_events, read_events=read_events,
+        special_rw=special_rw, special_r=special_r, tmp_roots=tmp_roots, readable=readable,
+        write_flags=write_flags, dir_flags=dir_flags,
+    ):  # fmt: skip
+        if type_of(event) is not str_t or type_of(args) is not tuple_t:
+            refuse("an audit event", " of an unexpected type")
         if event in refused_exact or event.startswith(refused_prefixes):
             refuse(event, "")
         elif event == "open":
@@ -977,7 +1273,6 @@ def _make_audit_hook(tmp: str, read_roots: tuple[str, ...], channel: _Channel) -
             where = as_path(path)
             if where is None:
                 refuse("open", describe(path))
-                return
             if type_of(flags) is int_t:
                 writing = flags & write_flags != 0
                 dir_open = flags & dir_flags != 0
@@ -985,25 +1280,55 @@ def _make_audit_hook(tmp: str, read_roots: tuple[str, ...], channel: _Channel) -
                 writing = dir_open = True
             if where in special_rw or (where in special_r and not writing):
                 return
-            if not writing and not dir_open and not inside(where, tmp_roots):
+            if not dir_open:
                 try:
                     dir_open = stat(where).st_mode & 0o170000 == 0o040000  # a directory
                 except os_error:
                     pass
-            allowed = tmp_roots if (writing or dir_open) else readable
-            if not inside(where, allowed):
+            if dir_open:
+                refuse("open", describe(path) + ": directories cannot be opened in the sandbox")
+            if not inside(where, tmp_roots if writing else readable):
                 refuse("open", describe(path) + " outside the sandbox folder")
         elif event in write_events or event in read_events:
             allowed = tmp_roots if event in write_events else readable
             for value in args:
                 if value is None or type_of(value) is int_t:
-                    continue
+                    continue  # a dir_fd (only the cwd can be one: no directory fd can be opened)
                 where = as_path(value)
                 if where is None or not inside(where, allowed):
                     refuse(event, describe(value) + " outside the sandbox folder")
         elif event == "import" and args and args[0] in refused_imports:
             refuse("import", " of " + args[0])
 
+    own = (realpath, as_path, inside, json_escape, refuse, describe, check)
+    busy = False
+
+    def hook(
+        event, args, check=check, refuse=refuse, own=own, base_exc=BaseException, tuple_t=tuple,
+        type_of=type,
+    ):  # fmt: skip
+        nonlocal busy
+        if busy:
+            # Re-entered: the hook's own frame walk while reporting, or user code (a gc finalizer,
+            # a signal handler) running in the middle of a check. Only reads pass.
+            if event == "sys._getframe" or event == "object.__getattr__":
+                return
+            refuse(event, " while the sandbox was checking another operation")
+        busy = True
+        try:
+            if event == "object.__setattr__" or event == "object.__delattr__":
+                target = args[0] if type_of(args) is tuple_t and args else None
+                for fn in own:
+                    if target is fn:
+                        refuse(event, " on the sandbox's own functions")
+            else:
+                check(event, args)
+        except base_exc:  # noqa: BLE001 - fail closed, whatever went wrong
+            refuse(event, " (the sandbox could not check it)")
+        busy = False
+
+    # The hook guards itself too (set before it is installed: no audit event yet).
+    hook.__defaults__ = (check, refuse, own + (hook,), BaseException, tuple, type)
     return hook
 
 
@@ -1103,6 +1428,8 @@ def _restricted_builtins(builtins: Any, allowed: frozenset[str], tmp: str) -> di
             raise SandboxRefused(
                 f"open({path!r}) is refused: only files inside the sandbox folder can be opened"
             )
+        if os.path.isdir(real):  # the audit hook would end the process: say it the usual way
+            raise IsADirectoryError(21, "Is a directory", path)
         return io.open(real, mode, buffering, encoding, errors, newline)
 
     def refused(name: str) -> Any:

@@ -301,7 +301,8 @@ def sandbox_decode(entry: str, args: Dict[str, Any]) -> Dict[str, Any]:
     """Turn the JSON arguments of ``prepare_jobs`` / ``transform_outputs`` into job objects.
 
     The protocol's own argument ``_chunk_size`` (removed here) becomes the default chunk size of
-    :func:`chunk_by_section` and :func:`chunk_by_size` in this child process.
+    :func:`chunk_by_section`, :func:`chunk_by_size` and :func:`chunk_by_heading` in this child
+    process.
     """
     args = dict(args)
     size = args.pop(CHUNK_SIZE_ARG, None)
@@ -310,6 +311,7 @@ def sandbox_decode(entry: str, args: Dict[str, Any]) -> Dict[str, Any]:
             raise ValueError(f"chunk size must be a positive integer, got {size!r}")
         chunk_by_section.__defaults__ = (size, 0)
         chunk_by_size.__defaults__ = (size, 0)
+        chunk_by_heading.__defaults__ = (size,)
     if entry == "prepare_jobs":
         for key, cls in (("prev_job_manifests", JobManifest), ("prev_job_outputs", JobOutput)):
             if args.get(key) is not None:
