@@ -16,8 +16,6 @@ wall time is reported with the bytes holding the weight, both also as ratios to 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import time
@@ -29,8 +27,7 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from _timing import time_interleaved  # noqa: E402
-from lmforge.common.io import atomic_write_json  # noqa: E402
+from _timing import save_result, time_interleaved  # noqa: E402
 from lmforge.common.qlinear import CodebookQuantLinear, UniformQuantLinear, weight_bytes  # noqa: E402
 from lmforge.common.quant import CodebookQuantized, quantize_rtn  # noqa: E402
 
@@ -120,15 +117,10 @@ def main(argv: list[str] | None = None) -> dict:
         "runs": runs,
         "quick": args.quick,
         "results": rows,
-        "wall_s": time.perf_counter() - t0,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
     }
-    atomic_write_json(args.out, result)
-    print(f"wrote {args.out} ({result['wall_s']:.0f} s)")
-    return result
+    return save_result(args.out, result, t0)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,6 @@ the median over interleaved runs after one warm-up, in one process (pure Python,
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import time
@@ -28,8 +26,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from _timing import time_interleaved  # noqa: E402
-from lmforge.common.io import atomic_write_json  # noqa: E402
+from _timing import save_result, time_interleaved  # noqa: E402
 from lmforge.methods.zigzag.persistence import layer_zigzag, zigzag_barcode  # noqa: E402
 
 # (points, k, clique_dim, layer model)
@@ -125,14 +122,8 @@ def main(argv: list[str] | None = None) -> dict:
         "runs": runs,
         "quick": args.quick,
         "results": rows,
-        "wall_s": time.perf_counter() - t0,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
     }
-    atomic_write_json(args.out, result)
-    print(f"wrote {args.out} ({result['wall_s']:.0f} s)")
-    return result
+    return save_result(args.out, result, t0)
 
 
 if __name__ == "__main__":
