@@ -11,7 +11,9 @@ the reply, the tokens it cost (:class:`Usage`) and whether it ended naturally or
 * :class:`OpenAIChatClient`: any OpenAI-compatible ``/chat/completions`` endpoint (OpenAI, vLLM,
   llama.cpp server, ollama) over ``httpx``, with timeouts and retries with exponential backoff. The
   API key is read from an environment variable only and never appears in a repr, a log line or an
-  error message.
+  error message. NOTE: the ``openai`` SDK (which the official code uses) would add a dependency for
+  one POST; ``httpx`` is what that SDK itself is built on, and lets the tests inject the retry
+  sleep and run against a local fake server.
 * :class:`ScriptedClient`: canned replies for tests, with honest, reproducible token counts
   (:func:`count_tokens`).
 
