@@ -257,7 +257,15 @@ def generate(
             if has_learned_positions(model):
                 # A learned position table (GPT-2's wpe) has no row past the limit: fail clearly.
                 raise UserError(msg + "; shorten the prompt or lower max_new_tokens")
-            logger.warning("%s; rotary positions beyond the trained range may degrade the output", msg)
+            # Once per model: a protocol that sends many long prompts (MINION's worker) would
+            # otherwise repeat the same line for every call.
+            if not getattr(model, "_lmforge_warned_positions", False):
+                logger.warning("%s; rotary positions beyond the trained range may degrade the output "
+                               "(said once per model)", msg)
+                try:
+                    model._lmforge_warned_positions = True
+                except AttributeError:
+                    pass
 
     generator: torch.Generator | None = None
     if do_sample and seed is not None:

@@ -7,7 +7,7 @@ is trained on the answer tokens only (plain text is trained on every token, with
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from lmforge.data import needle, text, textworld, toolcalls, workflow
 
@@ -65,21 +65,54 @@ def text_pair(rng: random.Random) -> Pair:
     return "", text.paragraph(rng, rng.randint(3, 8))
 
 
+def docjob_pair(rng: random.Random) -> Pair:
+    """A MINIONS worker job on a synthetic report chunk (:mod:`lmforge.data.docjobs`)."""
+    from lmforge.data import docjobs  # lazy: it pulls in the report generator and Minions' prompts
+
+    return docjobs.pair(rng)
+
+
+def docjob_segments(rng: random.Random, level: int) -> list[tuple[str, bool]]:
+    """A worker job and follow-up questions on its chunk at curriculum level ``level`` (chunks of
+    up to ``level`` sentences; :func:`lmforge.data.docjobs.stage`): the zoo's training batches."""
+    from lmforge.data import docjobs
+
+    return docjobs.segments(rng, level)
+
+
 PAIR_FNS: dict[str, Callable[[random.Random], Pair]] = {
     "toolcall": toolcall_pair,
     "workflow": workflow_pair,
     "textworld": textworld_pair,
     "text": text_pair,
     "needle": lambda rng: needle_pair(rng, rng.randint(2, 40)),
+    "docjob": docjob_pair,
 }
 
 
-def tokenizer_training_texts(seed: int = 0, n_per_task: int = 600) -> list[str]:
-    """A fixed sample of every task's text for training the BPE tokenizer.
+def tokenizer_training_texts(seed: int = 0, n_per_task: int = 600,
+                             tasks: Sequence[str] | None = None) -> list[str]:
+    """A fixed sample of the tasks' text for training the BPE tokenizer.
 
     Needle keys are repeated so that BPE merges each one into a single token (retrieval then needs
     one key token match, the representation that made key-value retrieval learnable here).
+
+    ``tasks`` is a model's training mixture (None: the agentic corpus). Any agentic task in it
+    brings in the whole agentic sample exactly as before (so agent-* tokenizers never change); an
+    extra task (``docjob``) adds its own sample after it.
     """
+    tasks = TASKS if tasks is None else tuple(tasks)
+    texts: list[str] = []
+    if any(t in TASKS for t in tasks):
+        texts += _agentic_texts(seed, n_per_task)
+    if "docjob" in tasks:
+        from lmforge.data import docjobs
+
+        texts += docjobs.tokenizer_texts(seed, n_per_task)
+    return texts
+
+
+def _agentic_texts(seed: int, n_per_task: int) -> list[str]:
     rng = random.Random(seed)
     texts: list[str] = []
     for task in TASKS:

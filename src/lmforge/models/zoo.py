@@ -103,7 +103,7 @@ class TrainSchedule:
             raise ValueError("train.steps and train.tokens_per_step must be at least 1")
         if not self.lr > 0:
             raise ValueError("train.lr must be positive")
-        known = {"toolcall", "workflow", "needle", "textworld", "text"}
+        known = {"toolcall", "workflow", "needle", "textworld", "text", "docjob"}
         bad = [t for t, _ in self.mixture if t not in known]
         if bad or any(w < 0 for _, w in self.mixture) or sum(w for _, w in self.mixture) <= 0:
             raise ValueError(f"train.mixture needs weights >= 0, not all 0, over {sorted(known)}; got {self.mixture}")
@@ -199,6 +199,23 @@ ZOO: dict[str, ZooSpec] = {
         shape=ModelShape(hidden=128, layers=12, heads=4, kv_heads=2, intermediate=384, max_position=1024),
         train=TrainSchedule(steps=1500, tokens_per_step=4096, lr=2e-3, warmup=75, mixture=_MIX,
                             needle_max=64, ckpt_every=200, eval_every=100),
+        targets=(),
+    ),
+    # NOTE: the MINIONS local worker for `lmforge reproduce minions` (agent-small cannot read
+    # documents). Its data is the exact worker prompt on report chunks (lmforge.data.docjobs), with
+    # a curriculum in "sentences" of 100 characters: copy-only one-figure chunks first (levels 1-2),
+    # then negatives, follow-ups and longer chunks, up to 600 characters by 60% of the steps. One
+    # thread, so the build leaves a core free and stays bit-reproducible on a shared machine.
+    "reader-small": ZooSpec(
+        name="reader-small",
+        description="Two-layer Llama that does MINIONS worker jobs on report chunks (`lmforge reproduce "
+                    "minions`): finds the asked figure or answers null, as JobOutput JSON.",
+        shape=ModelShape(hidden=128, layers=2, heads=4, kv_heads=4, intermediate=512, max_position=1024),
+        train=TrainSchedule(steps=1800, tokens_per_step=4096, lr=2e-3, warmup=50, mixture=(("docjob", 1.0),),
+                            needle_start=1, needle_max=6, needle_floor_start=0.25, needle_floor_end=0.6,
+                            ckpt_every=200, eval_every=100),
+        threads=1,
+        evals=EvalSizes(toolcall=1, workflow=1, needle=1, needle_lengths=(128,), textworld=1),
         targets=(),
     ),
 }
@@ -309,6 +326,8 @@ def make_batch(
         if task == "needle":
             n = rng.randint(max(1, needle_level // 2), needle_level)
             enc = encode_segments(tok, corpus.needle_segments(rng, n))
+        elif task == "docjob":  # worker jobs with follow-ups; the curriculum level caps the chunk
+            enc = encode_segments(tok, corpus.docjob_segments(rng, needle_level))
         else:
             enc = encode_pair(tok, *corpus.PAIR_FNS[task](rng))
         examples.append(enc)
@@ -371,6 +390,12 @@ def _probe_sets(tok: PreTrainedTokenizerFast, spec: ZooSpec) -> dict[str, dict[s
     out["needle_512"] = collate(
         [encode_segments(tok, corpus.needle_segments(rng, 56)[:2], eos_loss=False) for _ in range(16)],
         tok.pad_token_id)
+    if any(t == "docjob" for t, _ in spec.train.mixture):
+        from lmforge.data import docjobs  # held-out reports (odd seeds), like the other probes
+
+        rng = _step_rng(spec.seed, 0, "probe-docjob")
+        out["docjob"] = collate([encode_pair(tok, *docjobs.pair(rng, heldout=True)) for _ in range(24)],
+                                tok.pad_token_id)
     return out
 
 
@@ -391,7 +416,9 @@ def train(spec: ZooSpec, workdir: Path, progress: bool = True,
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(spec.threads)
     try:
-        tok = train_tokenizer(corpus.tokenizer_training_texts(spec.seed), spec.vocab_size)
+        # The mixture picks the tokenizer's sample (agentic mixtures: the same sample as ever).
+        tasks = [t for t, _ in spec.train.mixture]
+        tok = train_tokenizer(corpus.tokenizer_training_texts(spec.seed, tasks=tasks), spec.vocab_size)
         model = build_model(spec, len(tok), tok)
         sched = spec.train
         decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
