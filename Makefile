@@ -24,6 +24,10 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 	  $(PY) -m pip install --quiet "torch==2.13.0" && cp constraints.txt $(VENV)/constraints.txt; \
 	fi
 	$(PY) -m pip install --quiet -c $(VENV)/constraints.txt -e ".[oracle,test,embed]"
+	# galore-torch is the reference of the gradient-transform tests. Without its dependencies: it
+	# declares bitsandbytes (125 MB) for its 8-bit optimizer only, and bitsandbytes makes every
+	# `import peft` print a kernel warning on CPU; the tests import galore_torch.adamw alone.
+	$(PY) -m pip install --quiet --no-deps "galore-torch==1.0"
 	touch $(STAMP)
 
 install: $(STAMP)

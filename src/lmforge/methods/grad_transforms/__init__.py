@@ -1,5 +1,17 @@
-"""Linear gradient transformations are adapters (ICML 2025). Planned: see the open issue for this family."""
+"""Linear gradient transformations are adapters (Torroba-Hennigen, Lang, Guo, Kim, ICML 2025).
 
+``projectors.py``: the Kronecker projectors (SVD as GaLore, Gaussian sketch, Haar-orthogonal,
+two-sided); ``optim.py``: ``ProjectedAdam``/``ProjectedSGD`` with state in the projected space and
+refreshes as in galore-torch 1.0; ``adapters.py``: the matching adapters (one-sided LoRA,
+``W0 + PΘQᵀ``, PEFT's LoRA set up one-sided) and ``merge_and_rebase``; ``distributed.py``:
+worker-specific projections on torch.distributed; ``apply.py``: ``build_optimizer`` for
+``lmforge train --optimizer galore|sketch|orthogonal|kron``.
+"""
+
+from lmforge.methods.grad_transforms.apply import build_optimizer
+from lmforge.methods.grad_transforms.config import GradTransformConfig
 from lmforge.registry import Method, register
 
-register(Method(name="grad_transforms", family="peft", paper="Linear gradient transformations are adapters (ICML 2025)"))
+register(Method(name="grad_transforms", family="peft",
+                paper="Linear gradient transformations are adapters (ICML 2025)",
+                config_cls=GradTransformConfig, entry=build_optimizer, status="implemented"))
