@@ -14,4 +14,4 @@ from lmforge.registry import Method, register
 
 register(Method(name="grad_transforms", family="peft",
                 paper="Linear gradient transformations are adapters (ICML 2025)",
-                config_cls=GradTransformConfig, entry=build_optimizer, status="implemented"))
+                config_cls=GradTransformConfig, entry=build_optimizer, status="works"))
