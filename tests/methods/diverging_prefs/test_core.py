@@ -1,0 +1,138 @@
+"""The losses and metrics of diverging preferences against closed forms, scipy and scikit-learn."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.special import expit
+from scipy.stats import entropy, norm
+from sklearn.metrics import roc_auc_score
+
+from lmforge.methods.diverging_prefs import core
+
+torch.set_num_threads(1)
+
+
+def _scipy_interval_probs(dmu: float, sd: float, cuts=(0.5, 1.5)) -> np.ndarray:
+    c0, c1 = cuts
+    edges = [-math.inf, -c1, -c0, c0, c1, math.inf]
+    return np.array([norm.cdf(edges[i + 1], dmu, sd) - norm.cdf(edges[i], dmu, sd) for i in range(5)])
+
+
+@pytest.mark.parametrize("dmu,sd", [(0.0, 1.0), (1.2, 0.3), (-2.0, 2.5), (0.7, 0.05)])
+def test_interval_probs_match_scipy_normal_cdf(dmu, sd):
+    p = core.interval_probs(torch.tensor([dmu], dtype=torch.float64), torch.tensor([sd], dtype=torch.float64))
+    np.testing.assert_allclose(p[0].numpy(), _scipy_interval_probs(dmu, sd), atol=1e-12)
+    assert abs(float(p.sum()) - 1.0) < 1e-12
+
+
+def test_difference_sd_with_correlation():
+    sa, sb = torch.tensor([0.5, 2.0]), torch.tensor([1.5, 1.0])
+    for rho in (0.0, 0.4, -0.3):
+        want = np.sqrt(sa.numpy() ** 2 + sb.numpy() ** 2 - 2 * rho * sa.numpy() * sb.numpy())
+        np.testing.assert_allclose(core.difference_sd(sa, sb, rho).numpy(), want, rtol=1e-6)
+
+
+def test_meanvar_kl_equals_scipy_entropy_and_vanishes_at_the_truth():
+    rng = np.random.default_rng(0)
+    n = 6
+    mu_a, mu_b = rng.normal(size=n), rng.normal(size=n)
+    sa, sb = rng.uniform(0.2, 2, n), rng.uniform(0.2, 2, n)
+    hist = core.label_histogram([rng.integers(-2, 3, size=4).tolist() for _ in range(n)])
+    t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
+    loss = core.meanvar_kl_loss(t(mu_a), t(sa), t(mu_b), t(sb), t(hist), rho=0.2)
+    sd = np.sqrt(sa**2 + sb**2 - 2 * 0.2 * sa * sb)
+    want = np.mean([entropy(hist[i], _scipy_interval_probs(mu_a[i] - mu_b[i], sd[i])) for i in range(n)])
+    assert float(loss) == pytest.approx(want, rel=1e-9)
+    # The histogram the model itself predicts has zero KL.
+    own = core.interval_probs(t(mu_a - mu_b), core.difference_sd(t(sa), t(sb)))
+    assert float(core.meanvar_kl_loss(t(mu_a), t(sa), t(mu_b), t(sb), own)) == pytest.approx(0.0, abs=1e-10)
+
+
+def test_meanvar_kl_gradients_are_exact():
+    g = torch.Generator().manual_seed(0)
+    args = [torch.randn(4, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(2)]
+    sig = [torch.rand(4, dtype=torch.float64, generator=g).add(0.3).requires_grad_() for _ in range(2)]
+    hist = torch.tensor(core.label_histogram([[2, 1, 0, -1], [0, 0, 1, 2], [-2, -2, -1, 0], [1, 1, 1, -2]]))
+    assert torch.autograd.gradcheck(lambda a, sa, b, sb: core.meanvar_kl_loss(a, sa, b, sb, hist),
+                                    (args[0], sig[0], args[1], sig[1]))
+
+
+def test_meanvar_nll_bt_and_class_losses_closed_form():
+    mu_a, mu_b = np.array([0.3, -1.0, 2.0]), np.array([0.0, 0.5, -1.0])
+    sa, sb = np.array([1.0, 0.5, 0.2]), np.array([0.5, 0.5, 0.3])
+    target = np.array([1.0, 0.25, 0.5])
+    t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
+    z = (mu_a - mu_b) / np.sqrt(sa**2 + sb**2)
+    want = -np.mean(target * norm.logcdf(z) + (1 - target) * norm.logsf(z))
+    assert float(core.meanvar_nll_loss(t(mu_a), t(sa), t(mu_b), t(sb), t(target))) == pytest.approx(want, rel=1e-9)
+    q = expit(mu_a - mu_b)
+    want_bt = -np.mean(target * np.log(q) + (1 - target) * np.log(1 - q))
+    assert float(core.bt_loss(t(mu_a), t(mu_b), t(target))) == pytest.approx(want_bt, rel=1e-9)
+    logits = np.array([[0.1, 2.0, -1.0, 0.0, 0.5], [1.0, 1.0, 1.0, 1.0, 1.0]])
+    hist = np.array([[0.0, 0.5, 0.0, 0.5, 0.0], [0.25, 0.25, 0.0, 0.0, 0.5]])
+    probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    want_cls = np.mean([entropy(hist[i], probs[i]) for i in range(2)])
+    assert float(core.class_kl_loss(t(logits), t(hist))) == pytest.approx(want_cls, rel=1e-9)
+
+
+def test_nll_loss_is_finite_for_confident_models():
+    # float32 with a huge margin: log(1 - Phi(z)) must not be log(0).
+    loss = core.meanvar_nll_loss(torch.tensor([30.0]), torch.tensor([0.01]), torch.tensor([0.0]),
+                                 torch.tensor([0.01]), torch.tensor([0.5]))
+    assert torch.isfinite(loss)
+
+
+def test_pair_kinds_majority_and_soft_preference():
+    assert core.pair_kind([2, 1, -1, 0]) == core.DIVERGING
+    assert core.pair_kind([2, 1, 0, 0]) == core.HIGH_AGREEMENT
+    assert core.pair_kind([-1, -2, 0]) == core.HIGH_AGREEMENT
+    assert core.pair_kind([0, 0]) == core.TIE
+    assert core.is_substantially_diverging([2, -2, 0]) and not core.is_substantially_diverging([2, -1, 1])
+    assert core.majority_side([1, 1, -2]) == 1 and core.majority_side([-1, 0, 0]) == -1
+    assert core.majority_side([2, -1]) == 1 and core.majority_side([1, -1]) == 0
+    assert core.soft_preference([1, 1, -1, 0]) == pytest.approx(2 / 3) and core.soft_preference([0]) is None
+    with pytest.raises(ValueError):
+        core.check_labels([3])
+    np.testing.assert_allclose(core.label_histogram([[2, 2, 0, -1]]), [[0, 0.25, 0.25, 0, 0.5]])
+
+
+def test_roc_auc_matches_sklearn_with_ties():
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        y = rng.random(200) < 0.4
+        s = np.round(rng.normal(size=200) + y, 1)  # rounded: many ties
+        assert core.roc_auc(s, y) == pytest.approx(roc_auc_score(y, s), abs=1e-12)
+
+
+def test_preference_accuracy_and_diverging_auroc_by_hand():
+    labels = [[1, 2], [-1, -1], [0, 0], [1, -1], [2, -2, 1], [-2, 0]]
+    margins = [0.5, 0.3, 1.0, -2.0, 0.0, 0.0]
+    # high-agreement pairs: 0 (A, right), 1 (B, wrong), 5 (B, zero margin: one half)
+    assert core.preference_accuracy(margins, labels) == pytest.approx((1 + 0 + 0.5) / 3)
+    div = np.array([0.1, 0.9, 5.0, 0.5, 0.7, 0.2])
+    keep = [0, 1, 3, 4, 5]
+    y = [False, False, True, True, False]
+    assert core.diverging_id_auroc(div, labels) == pytest.approx(roc_auc_score(y, div[keep]))
+    # substantial: only pair 4 is a positive
+    assert core.diverging_id_auroc(div, labels, substantial=True) == pytest.approx(
+        roc_auc_score([False, False, True, False], div[[0, 1, 4, 5]]))
+
+
+def test_divergence_scores_and_fit_lambda_is_the_grid_argmax():
+    rng = np.random.default_rng(2)
+    n = 300
+    sa, sb = rng.uniform(0.1, 2, n), rng.uniform(0.1, 2, n)
+    mu_a, mu_b = rng.normal(size=n), rng.normal(size=n)
+    labels = [([1, -1] if rng.random() < (sa[i] + sb[i]) / 4 else [1, 1]) for i in range(n)]
+    lam = core.fit_lambda(mu_a, mu_b, sa, sb, labels)
+    aucs = {g: core.diverging_id_auroc(core.meanvar_divergence(mu_a, mu_b, sa, sb, g), labels) for g in core.LAMBDA_GRID}
+    assert aucs[lam] == max(aucs.values())
+    np.testing.assert_allclose(core.meanvar_divergence(mu_a, mu_b, sa, sb, 2.0), 2 * (sa + sb) - np.abs(mu_a - mu_b))
+    np.testing.assert_allclose(core.meanvar_divergence(mu_a, mu_b, sa, sb, math.inf), sa + sb)
+    np.testing.assert_allclose(core.bt_divergence(mu_a, mu_b), -np.abs(mu_a - mu_b))
+    pa = np.array([[0.5, 0, 0, 0, 0.5]]); pb = np.array([[0.1, 0.2, 0.4, 0.2, 0.1]])  # noqa: E702
+    np.testing.assert_allclose(core.class_divergence(pa, pb), [0.25 + 0.01])
