@@ -1,0 +1,368 @@
+"""``lmforge reproduce distillm2``: DistiLLM-2 against KL, GKD and skew-KL distillation in miniature.
+
+DistiLLM-2 (Ko et al., ICML 2025, arXiv 2503.07067) trains the student with skew KL on teacher
+responses and skew reverse KL on student responses, L = (1-beta) SKL_alpha(y_t) + beta SRKL_alpha(y_s),
+and reports the best average win rate (GPT-4o judge) over DistiLLM and GKD: Qwen2-7B -> Qwen2-1.5B,
+58.69 vs 56.35 (DistiLLM) and 56.14 (GKD); the SFT student alone 30.33.
+
+Here: a synthetic second-order Markov language over 12 symbols (next symbol ~ an even mixture of a
+bigram table on the previous symbol and a skip table on the one before, Dirichlet(0.3) rows, and a stop
+probability in [0.04, 0.2] per previous symbol; fixed seed). Prompt: 4 symbols; response: the chain's
+continuation until it stops (at most 30 symbols), then EOS. The teacher
+is a 2-layer, d = 64 Llama (the zoo architecture) trained on the language; the student a 1-layer,
+d = 32 Llama, first SFT'd briefly on the language (the paper SFTs the student first). From the same
+SFT student, students are distilled with the same prompts, teacher responses, epochs, steps and
+learning rate, each regenerating its own student responses before every epoch: DistiLLM-2
+(alpha = 0.1, beta = 0.5, the released defaults), forward KL, GKD's generalized JSD (TRL convention,
+beta = 0.5) and skew KL (alpha = 0.1, DistiLLM), plus reverse KL as an extra row. Each baseline sees both
+data types with weight 1/2.
+
+Measured on held-out prompts against the teacher: the sequence-level KL(p||q), estimated without
+sampling noise at each position as E_{y~p} sum_t KL(p(.|y<t) || q(.|y<t)) over a fixed set of teacher
+samples (T = 1, common to all students), the reverse sequence KL on each student's own samples, and
+a teacher-judged win rate: the share of prompts where the teacher gives the student's sampled
+response a higher mean token log-probability than its own sampled response (ties count 1/2).
+
+Held condition (fixed before running): DistiLLM-2 reaches the lowest held-out sequence KL(p||q) to
+the teacher of the four losses at the end of the common budget.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from lmforge.reproduce.base import ClaimResult, Figure, ReproduceOptions, Table, register_reproduction
+
+SYMBOLS = "abcdefghijkl"
+PROMPT_LEN = 4
+MAX_RESPONSE = 30
+DIRICHLET = 0.3
+SKIP = 0.5
+COMPARED = ("distillm2", "kl", "gjsd", "skl")
+LOSSES = (*COMPARED, "rkl")
+LABELS = {"distillm2": "DistiLLM-2", "kl": "KL", "gjsd": "GKD (gen. JSD)", "skl": "skew KL (DistiLLM)",
+          "rkl": "reverse KL"}
+ALPHA, BETA, GJSD_BETA, LR = 0.1, 0.5, 0.5, 3e-3
+PAPER = {
+    "setting": "Qwen2-7B-Instruct -> Qwen2-1.5B, average win rate (GPT-4o judge) over AlpacaEval, Evol-Instruct, "
+               "UltraFeedback (Table 2)",
+    "DistiLLM-2": 58.69,
+    "DistiLLM": 56.35,
+    "GKD": 56.14,
+    "untrained (SFT) student": 30.33,
+}
+TITLE = "DistiLLM-2: a contrastive approach boosts the distillation of LLMs (Ko et al., ICML 2025)"
+
+
+class MarkovLanguage:
+    """A second-order Markov chain over :data:`SYMBOLS` plus a stop outcome.
+
+    The next symbol given the two previous ones is the mixture ``(1 - SKIP) A[prev1] + SKIP B[prev2]`` of
+    two Dirichlet(``concentration``) tables: the bigram part ``A`` a one-layer student learns at once
+    through its residual stream, the skip part ``B`` needs attention to the token two back, which is where
+    the small student falls short of the teacher. After each symbol the response stops with a probability
+    drawn per previous symbol from [0.04, 0.2]: the end is decided by the local context, as every other
+    token is (a 1-layer student cannot count positions to a fixed length).
+    """
+
+    def __init__(self, seed: int, k: int = len(SYMBOLS), concentration: float = DIRICHLET) -> None:
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
+        self.k = k
+        a = rng.dirichlet([concentration] * k, size=k)
+        b = rng.dirichlet([concentration] * k, size=k)
+        self.probs = (1 - SKIP) * a[None, :, :] + SKIP * b[:, None, :]  # [prev2, prev1] -> next symbol
+        stop = rng.uniform(0.04, 0.2, size=k)
+        self.stop = np.broadcast_to(stop[None, :], (k, k))  # [prev2, prev1] -> P(stop)
+
+    def continue_(self, rng: random.Random, prefix: list[int]) -> list[int]:
+        """The response symbols after ``prefix`` (at least one, at most :data:`MAX_RESPONSE`)."""
+        seq = list(prefix)
+        out: list[int] = []
+        while len(out) < MAX_RESPONSE:
+            if out and rng.random() < self.stop[seq[-2], seq[-1]]:
+                break
+            nxt = rng.choices(range(self.k), weights=self.probs[seq[-2], seq[-1]].tolist())[0]
+            seq.append(nxt)
+            out.append(nxt)
+        return out
+
+    def prompt_and_answer(self, rng: random.Random) -> tuple[str, str]:
+        prompt = [rng.randrange(self.k) for _ in range(PROMPT_LEN)]
+        return _text(prompt), " " + _text(self.continue_(rng, prompt))
+
+    def prompt(self, rng: random.Random) -> str:
+        return _text([rng.randrange(self.k) for _ in range(PROMPT_LEN)])
+
+
+def _text(ids: list[int]) -> str:
+    return " ".join(SYMBOLS[i] for i in ids)
+
+
+def _llama(tok: Any, hidden: int, layers: int, heads: int, seed: int) -> Any:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=64,
+                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id, initializer_range=0.02)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(cfg)
+
+
+def _sft(model: Any, tok: Any, lang: MarkovLanguage, steps: int, lr: float, seed: int, batch: int = 64) -> list[float]:
+    """Train ``model`` on the language (loss on response tokens and EOS), AdamW, warm-up + cosine."""
+    import torch
+
+    from lmforge.methods.distillm2.train import _lr_factor
+    from lmforge.models.zoo import collate, encode_pair
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    losses = []
+    for step in range(steps):
+        rng = random.Random(seed * 1_000_003 + step)
+        b = collate([encode_pair(tok, *lang.prompt_and_answer(rng)) for _ in range(batch)], tok.pad_token_id)
+        for g in opt.param_groups:
+            g["lr"] = lr * _lr_factor(step, steps, max(1, steps // 20), 0.1)
+        loss = model(**b).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+def _seq_stats(teacher: Any, student: Any, tok: Any, prompts: list[str], samples: list[list[int]]) -> dict[str, Any]:
+    """Per-sequence sums over response tokens of KL(p||q) and KL(q||p) at each position, and mean log-probs."""
+    import torch
+
+    from lmforge.common.generation import encode_prompt
+    from lmforge.methods.distillm2.train import shifted
+
+    ids = [encode_prompt(tok, p) for p in prompts]
+    width = max(len(a) + len(b) for a, b in zip(ids, samples))
+    inp = torch.full((len(ids), width), tok.pad_token_id, dtype=torch.long)
+    att = torch.zeros_like(inp)
+    comp = torch.zeros_like(inp)
+    for i, (a, b) in enumerate(zip(ids, samples)):
+        inp[i, :len(a) + len(b)] = torch.tensor(a + b)
+        att[i, :len(a) + len(b)] = 1
+        comp[i, len(a):len(a) + len(b)] = 1
+    batch = {"input_ids": inp, "attention_mask": att, "completion_mask": comp}
+    with torch.no_grad():
+        lt, mask = shifted(teacher(input_ids=inp, attention_mask=att).logits.double(), batch)
+        ls, _ = shifted(student(input_ids=inp, attention_mask=att).logits.double(), batch)
+    lp, lq = lt.log_softmax(-1), ls.log_softmax(-1)
+    m = mask.double()
+    fkl = ((lp.exp() * (lp - lq)).sum(-1) * m).sum(-1)
+    rkl = ((lq.exp() * (lq - lp)).sum(-1) * m).sum(-1)
+    tgt = inp[:, 1:].unsqueeze(-1)
+    n = m.sum(-1).clamp_min(1)
+    lp_tok = (lp.gather(-1, tgt).squeeze(-1) * m).sum(-1) / n
+    lq_tok = (lq.gather(-1, tgt).squeeze(-1) * m).sum(-1) / n
+    return {"fkl": fkl, "rkl": rkl, "teacher_lp": lp_tok, "student_lp": lq_tok}
+
+
+def _plot(path: Path, curves: dict[str, list[tuple[int, float]]], title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for name, pts in curves.items():
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=LABELS.get(name, name))
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("held-out sequence KL(p || q), nats")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+@register_reproduction(
+    "distillm2",
+    title=TITLE,
+    summary="2-layer teacher -> 1-layer student on a synthetic Markov language: DistiLLM-2 vs KL, GKD, skew KL",
+)
+def run(opts: ReproduceOptions) -> ClaimResult:
+    import torch
+
+    from lmforge.methods.distillm2.config import DistillConfig
+    from lmforge.methods.distillm2.data import sample_responses
+    from lmforge.methods.distillm2.train import distill
+    from lmforge.models.tokenizer import train_tokenizer
+
+    start = time.perf_counter()
+    torch.set_num_threads(1)
+    q = opts.quick
+    seed = opts.seed
+    teacher_steps, sft_steps = (200, 60) if q else (1200, 100)
+    n_train, n_eval, epochs, batch = (128, 96, 2, 16) if q else (1024, 400, 3, 16)
+    lang = MarkovLanguage(seed)
+    trng = random.Random(seed)
+    tok = train_tokenizer([" ".join(SYMBOLS[trng.randrange(len(SYMBOLS))] for _ in range(16)) for _ in range(200)], 300)
+    one_token = all(len(tok(" " + c, add_special_tokens=False)["input_ids"]) == 1 for c in SYMBOLS)
+
+    teacher = _llama(tok, 64, 2, 4, seed)
+    teacher_curve = _sft(teacher, tok, lang, teacher_steps, 3e-3, seed + 1)
+    student0 = _llama(tok, 32, 1, 2, seed + 2)
+    sft_curve = _sft(student0, tok, lang, sft_steps, 3e-3, seed + 3)
+
+    prng = random.Random(seed + 4)
+    train_prompts = [lang.prompt(prng) for _ in range(n_train)]
+    eval_prompts = [lang.prompt(prng) for _ in range(n_eval)]
+    gen = dict(max_new_tokens=MAX_RESPONSE + 2, batch_size=64)
+    # Evaluation samples: the teacher at T = 1 (the distribution itself), common to every student.
+    t_eval = [ids for _, ids in sample_responses(teacher, tok, eval_prompts, temperature=1.0, top_p=1.0,
+                                                 seed=seed + 5, **gen)]
+    # Judged pairs: teacher and student both at the paper's sampling settings (T = 0.8, top-p 0.95).
+    t_judge = [ids for _, ids in sample_responses(teacher, tok, eval_prompts, seed=seed + 6, **gen)]
+    t_train = sample_responses(teacher, tok, train_prompts, seed=seed + 7, **gen)
+    jt = _seq_stats(teacher, teacher, tok, eval_prompts, t_judge)["teacher_lp"]
+
+    def evaluate(student: Any) -> tuple[dict[str, float], Any]:
+        f = _seq_stats(teacher, student, tok, eval_prompts, t_eval)
+        s_own = [ids for _, ids in sample_responses(student, tok, eval_prompts, temperature=1.0, top_p=1.0,
+                                                    seed=seed + 8, **gen)]
+        r = _seq_stats(teacher, student, tok, eval_prompts, s_own)
+        s_judge = [ids for _, ids in sample_responses(student, tok, eval_prompts, seed=seed + 9, **gen)]
+        js = _seq_stats(teacher, student, tok, eval_prompts, s_judge)["teacher_lp"]
+        win = ((js > jt).double() + 0.5 * (js == jt).double()).mean()
+        return ({"fkl": float(f["fkl"].mean()), "fkl_se": float(f["fkl"].std() / math.sqrt(n_eval)),
+                 "rkl": float(r["rkl"].mean()), "rkl_se": float(r["rkl"].std() / math.sqrt(n_eval)),
+                 "win": 100.0 * float(win), "llr": float((js - jt).mean()),
+                 "nll_own": float(-r["student_lp"].mean()), "len_own": sum(map(len, s_own)) / n_eval}, f["fkl"])
+
+    base, _ = evaluate(student0)
+    results: dict[str, dict[str, float]] = {}
+    per_prompt: dict[str, Any] = {}
+    curves: dict[str, list[tuple[int, float]]] = {}
+    steps_per_epoch = math.ceil(n_train / batch)
+    every = steps_per_epoch if q else max(1, steps_per_epoch // 2)
+    for loss in LOSSES:
+        cfg = DistillConfig(loss=loss, alpha=ALPHA, beta=BETA, gjsd_beta=GJSD_BETA, epochs=epochs, lr=LR,
+                            batch_size=batch, max_new_tokens=MAX_RESPONSE + 2, gen_batch_size=64, seed=seed + 10)
+        curve = [(0, base["fkl"])]
+
+        def on_step(rec: dict[str, float], model: Any, curve: list[tuple[int, float]] = curve) -> None:
+            if (rec["step"] + 1) % every == 0:
+                model.eval()
+                curve.append((int(rec["step"]) + 1,
+                              float(_seq_stats(teacher, model, tok, eval_prompts, t_eval)["fkl"].mean())))
+                model.train()
+
+        res = distill(teacher, student0, tok, train_prompts, cfg, teacher_responses=t_train, on_step=on_step)
+        results[loss], per_prompt[loss] = evaluate(res.student)
+        results[loss] |= {"steps": len(res.history), "final_loss": res.history[-1]["loss"]}
+        curves[loss] = curve
+
+    # The held condition, written before the first run: DistiLLM-2 has the lowest final held-out sequence
+    # KL(p||q) of the four compared losses (reverse KL is an extra row, not part of the condition).
+    best_other = min(results[k]["fkl"] for k in COMPARED if k != "distillm2")
+    held = bool(results["distillm2"]["fkl"] < best_other)
+
+    def diff(k: str) -> tuple[float, float]:
+        d = per_prompt[k] - per_prompt["distillm2"]
+        return float(d.mean()), float(d.std() / math.sqrt(n_eval))
+
+    rows = [["SFT student (before distillation)", 0, round(base["fkl"], 4), round(base["fkl_se"], 4), "",
+             round(base["rkl"], 4), round(base["rkl_se"], 4), round(base["win"], 2), round(base["llr"], 4),
+             round(base["nll_own"], 4), round(base["len_own"], 2)]]
+    for k in LOSSES:
+        r = results[k]
+        dm, ds = diff(k)
+        rows.append([LABELS[k], r["steps"], round(r["fkl"], 4), round(r["fkl_se"], 4),
+                     "" if k == "distillm2" else f"{dm:+.4f} ± {ds:.4f}", round(r["rkl"], 4), round(r["rkl_se"], 4),
+                     round(r["win"], 2), round(r["llr"], 4), round(r["nll_own"], 4), round(r["len_own"], 2)])
+    fig = _plot(opts.out_dir / "distillm2-kl.png", curves,
+                f"Markov language: 2-layer d=64 teacher -> 1-layer d=32 student ({'quick' if q else 'full'})")
+    teacher_len = sum(map(len, t_eval)) / n_eval
+    measured: dict[str, Any] = {
+        "sequence KL(p||q) to the teacher": ", ".join(f"{LABELS[k]} {results[k]['fkl']:.4f}" for k in LOSSES)
+        + f"; SFT student {base['fkl']:.4f}",
+        "sequence KL(q||p) to the teacher": ", ".join(f"{LABELS[k]} {results[k]['rkl']:.4f}" for k in LOSSES)
+        + f"; SFT student {base['rkl']:.4f}",
+        "teacher-judged win rate vs teacher samples (%)": ", ".join(f"{LABELS[k]} {results[k]['win']:.2f}"
+                                                                      for k in LOSSES)
+        + f"; SFT student {base['win']:.2f}",
+        "DistiLLM-2 has the lowest sequence KL(p||q) of DistiLLM-2, KL, GKD, skew KL": held,
+        "teacher final LM loss": round(sum(teacher_curve[-20:]) / min(20, len(teacher_curve)), 4),
+        "student SFT final LM loss": round(sum(sft_curve[-20:]) / min(20, len(sft_curve)), 4),
+        "teacher mean response length (tokens, T = 1)": round(teacher_len, 2),
+    }
+    notes = [
+        "Held condition, fixed in the code before the first run: DistiLLM-2's final held-out sequence KL(p||q) to the "
+        "teacher is below that of forward KL, GKD and skew KL after the same budget. The paper's metric is a GPT-4o "
+        "win rate on instruction following; here the 'judge' is the teacher itself and the only quality notion is "
+        "closeness to the teacher, so the win-rate column is an analogue, not the paper's number. Reverse KL (MiniLLM "
+        "style) is an extra row outside the condition.",
+        f"Language: second-order Markov chain over {len(SYMBOLS)} symbols, next-symbol law (1-{SKIP}) A[prev1] + {SKIP} "
+        f"B[prev2] with Dirichlet({DIRICHLET}) rows, stop probability 0.04-0.2 per previous symbol (at most "
+        f"{MAX_RESPONSE} symbols) then EOS; prompts {PROMPT_LEN} uniform symbols (one token per symbol, checked: "
+        f"{one_token}). Teacher: Llama 2 x 64 ({teacher_steps} steps); student: Llama 1 x 32, SFT {sft_steps} steps "
+        "(the paper SFTs the student first; ours is deliberately short so that distillation has room).",
+        f"Distillation budget per loss: {n_train} prompts, {epochs} epochs x {steps_per_epoch} steps of {batch} pairs, "
+        f"AdamW lr {LR} with 10% warm-up and cosine decay, full fine-tuning. NOTE: the paper uses lr 5e-5 with LoRA "
+        "r=16 on 1-2B students; a 0.03M-parameter student trained from a short SFT needs a larger step size.",
+        f"DistiLLM-2 uses the released defaults alpha = {ALPHA}, beta = {BETA} fixed (update_alpha=False, "
+        "gradual_beta=False); the paper's beta schedule (0.5 -> 0.75) and adaptive alpha are flags of DistillConfig, "
+        "not used here. Teacher responses are sampled once (T = 0.8, top-p 0.95) and each student's responses are "
+        "regenerated before every epoch, as in the paper; each baseline applies its loss with weight 1/2 to both data "
+        f"types (GKD: TRL's generalized JSD, beta = {GJSD_BETA}; skew KL: alpha = {ALPHA}).",
+        "Sequence KL(p||q) = E_{y~p} sum_t KL(p(.|y<t) || q(.|y<t)), averaged over one teacher sample (T = 1) per "
+        "held-out prompt, the same samples for every student (the per-position sums remove the token-sampling noise; "
+        "s.e. is over prompts; 'vs DistiLLM-2' is the paired per-prompt difference and its s.e.). Reverse KL uses each "
+        "student's own T = 1 samples; len(y_s) is their mean length in tokens (EOS included).",
+        "Win rate: teacher mean token log-prob of the student's sampled response vs of the teacher's own sample "
+        "(both T = 0.8, top-p 0.95; ties 1/2); llr is the mean difference of those log-probs. nll(y_s) is the student's "
+        "per-token NLL on its own T = 1 samples.",
+        "Ranking by sequence KL(p||q), lowest first: "
+        + ", ".join(f"{LABELS[k]} {results[k]['fkl']:.3f}" for k in sorted(LOSSES, key=lambda k: results[k]["fkl"]))
+        + "; by teacher-judged win rate, highest first: "
+        + ", ".join(f"{LABELS[k]} {results[k]['win']:.1f}" for k in sorted(LOSSES, key=lambda k: -results[k]["win"]))
+        + f" (a proportion over {n_eval} prompts has a standard error of about "
+        f"{100 * math.sqrt(0.25 / n_eval):.1f} points at most).",
+        "Loss scale: the official code optimises (2-b) SKL + b SRKL with b = 1, i.e. twice (1-beta) SKL + beta SRKL at "
+        "beta = 0.5; we use the paper's form and give each baseline the same total weight (1/2 per data type). AdamW "
+        "is invariant to a constant loss factor (up to its epsilon), so this does not favour any loss.",
+        "History: the first full run used a harder language (a full 144-context second-order table); the 1-layer "
+        "student stayed at the unigram level after SFT and no loss moved its KL by more than 1%, so the language was "
+        "changed to the bigram + skip mixture above. The held condition and the losses' settings were not changed.",
+    ]
+    if q:
+        notes.append(f"Quick mode: teacher {teacher_steps} steps, {n_train} prompts, {epochs} epochs of "
+                     f"{steps_per_epoch} steps: a smoke test of the pipeline; the ranking is not meaningful.")
+    return ClaimResult(
+        name="distillm2",
+        title=TITLE,
+        claim=("A contrastive loss, skew KL on teacher responses plus skew reverse KL on the student's own responses, "
+               "distils a student closer to its teacher than KL, GKD or DistiLLM's skew KL at the same budget."),
+        paper=PAPER,
+        measured=measured,
+        held=held,
+        tables=[
+            Table("Held-out distance to the teacher after distillation (same budget per loss)",
+                  ["student", "steps", "seq KL(p||q)", "s.e.", "vs DistiLLM-2", "seq KL(q||p)", "s.e. (q||p)",
+                   "win rate % (teacher judge)", "llr", "nll(y_s)", "len(y_s)"], rows),
+            Table("Paper, Table 2 (Qwen2-7B -> Qwen2-1.5B, GPT-4o average win rate %)",
+                  ["method", "win rate %"],
+                  [["DistiLLM-2", 58.69], ["DistiLLM", 56.35], ["GKD", 56.14], ["untrained student", 30.33]]),
+            Table("Held-out sequence KL(p||q) during training (column = optimizer step)",
+                  ["loss", *[str(s) for s, _ in curves["distillm2"]]],
+                  [[LABELS[k], *[round(v, 4) for _, v in curves[k]]] for k in LOSSES]),
+        ],
+        figures=[Figure(str(fig), "Held-out sequence KL(p||q) to the teacher against optimizer steps, per loss.")],
+        notes=notes,
+        seconds=time.perf_counter() - start,
+    )
