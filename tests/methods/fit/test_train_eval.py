@@ -1,0 +1,109 @@
+"""FIT training and evaluation against independent computations (TRL's eval loss, a naive loop)."""
+
+from __future__ import annotations
+
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lmforge.data import spurious as sp
+from lmforge.methods.fit.config import FITConfig
+from lmforge.methods.fit.data import build_fit_data
+from lmforge.methods.fit.evaluate import focus_accuracy, label_logprobs, predict
+from lmforge.methods.fit.train import train_sft, validation_loss
+from lmforge.common.errors import UserError
+from tests.methods.fit.conftest import SPEC, TASK, tiny_model
+
+torch.set_num_threads(1)
+
+
+def _naive_logprob(model, tok, prompt: str, cont: str) -> float:
+    # Full sequence through the model, log-softmax at every position, sum over the continuation.
+    p = tok(prompt)["input_ids"]
+    c = tok(cont, add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([p + c])
+    with torch.no_grad():
+        logp = F.log_softmax(model(input_ids=ids).logits[0].double(), -1)
+    return float(sum(logp[len(p) - 1 + i, t] for i, t in enumerate(c)))
+
+
+def test_label_scores_and_predictions_match_a_naive_loop(fit_tok):
+    model = tiny_model(fit_tok, seed=3).eval()
+    ex = build_fit_data(sp.make_split(1, 6, 0.5), TASK, SPEC, mode="all")[:12]
+    rows = label_logprobs(model, fit_tok, [e["prompt"] for e in ex], sp.LABELS, batch_size=5)
+    for e, row in zip(ex, rows):
+        for lab, got in zip(sp.LABELS, row):
+            assert got == pytest.approx(_naive_logprob(model, fit_tok, e["prompt"], " " + lab), abs=1e-4)
+    preds = predict(model, fit_tok, [e["prompt"] for e in ex], sp.LABELS)
+    assert preds == [sp.LABELS[0] if r[0] >= r[1] else sp.LABELS[1] for r in rows]
+
+
+def test_focus_accuracy_counts():
+    ex = [{"focus_type": "focus_c", "focus_label": "a", "label": "a", "spurious_label": "b"},
+          {"focus_type": "focus_c", "focus_label": "a", "label": "a", "spurious_label": "a"},
+          {"focus_type": "focus_s", "focus_label": "b", "label": "a", "spurious_label": "b"}]
+    r = focus_accuracy(ex, ["b", "a", "b"])
+    assert r["focus_accuracy"] == pytest.approx(2 / 3)
+    assert r["by_type"]["focus_c"] == {"focus_accuracy": 0.5, "agrees_with_label": 0.5, "agrees_with_spurious": 1.0,
+                                       "n": 2}
+    assert r["by_type"]["focus_s"]["focus_accuracy"] == 1.0
+    with pytest.raises(UserError):
+        focus_accuracy(ex, ["a"])
+
+
+def test_validation_loss_equals_trl_eval_loss(fit_tok):
+    # TRL's completion-only eval loss (prompt masked, EOS appended) vs our scoring of the same pairs.
+    import datasets
+    from trl import SFTConfig, SFTTrainer
+
+    model = tiny_model(fit_tok, seed=1)
+    ex = build_fit_data(sp.make_split(2, 24, 0.9), TASK, SPEC, seed=2)
+    mine = validation_loss(model, fit_tok, ex, batch_size=7)
+    args = SFTConfig(output_dir="/tmp/unused-fit-eval", per_device_eval_batch_size=8, report_to=[], use_cpu=True,
+                     completion_only_loss=True, disable_tqdm=True, save_strategy="no")
+    ds = datasets.Dataset.from_list([{"prompt": e["prompt"], "completion": e["completion"]} for e in ex])
+    tr = SFTTrainer(model=model, args=args, processing_class=fit_tok, train_dataset=ds, eval_dataset=ds)
+    # TRL averages over tokens across the whole eval set when batches carry num_items_in_batch; with
+    # one batch per call the two definitions coincide, so evaluate in a single batch.
+    tr.args.per_device_eval_batch_size = len(ex)
+    theirs = tr.evaluate()["eval_loss"]
+    assert mine == pytest.approx(theirs, rel=1e-4)
+
+
+def test_training_lowers_loss_and_early_stopping_keeps_the_best(fit_tok):
+    model = tiny_model(fit_tok, seed=0)
+    train = build_fit_data(sp.make_split(3, 256, 0.9), TASK, SPEC, seed=0)
+    val = build_fit_data(sp.make_split(4, 32, 0.9), TASK, SPEC, seed=1)
+    before = validation_loss(model, fit_tok, val)
+    cfg = FITConfig(steps=24, lr=1e-2, batch_size=16, eval_every=6, patience=10, seed=0)
+    rep = train_sft(model, fit_tok, train, cfg, val_examples=val)
+    assert rep.steps_run == 24
+    assert [s for s, _ in rep.eval_losses] == [6, 12, 18, 24]
+    best_step, best_loss = min(rep.eval_losses, key=lambda x: x[1])
+    assert rep.best_step == best_step
+    # The weights kept are the best checkpoint's: their validation loss is the recorded minimum.
+    assert validation_loss(model, fit_tok, val) == pytest.approx(best_loss, rel=1e-4)
+    assert best_loss < before
+
+
+def test_patience_stops_training(fit_tok):
+    model = tiny_model(fit_tok, seed=0)
+    # Training always answers "positive", validation always "negative" on the same prompts: once the
+    # constant answer is learned the validation loss rises, so patience 1 stops the run early.
+    train = [dict(e, completion=" positive") for e in build_fit_data(sp.make_split(5, 64, 0.9), TASK, SPEC)]
+    val = [dict(e, completion=" negative") for e in train[:16]]
+    cfg = FITConfig(steps=40, lr=1e-2, batch_size=8, eval_every=2, patience=1, warmup_ratio=0.0)
+    rep = train_sft(model, fit_tok, train, cfg, val_examples=val)
+    assert rep.steps_run < 40
+    losses = [l for _, l in rep.eval_losses]
+    assert rep.best_step == rep.eval_losses[losses.index(min(losses))][0]
+
+
+def test_config_checks():
+    with pytest.raises(UserError):
+        FITConfig(steps=0)
+    with pytest.raises(UserError):
+        FITConfig(lr=0)
+    with pytest.raises(UserError):
+        FITConfig(warmup_ratio=1.0)
