@@ -625,6 +625,65 @@ def bench_minions(
     typer.echo(f"results: {out / 'results.json'}")
 
 
+@app.command("train")
+def train_cmd(
+    model: Annotated[str, typer.Option("--model", "-m", help="A local HF causal-LM folder, zoo:NAME, or a folder a µS run saved.")],
+    out: Annotated[Path, typer.Option(help="Output model folder (with train.json: losses, optimizer-state bytes, FP8 counters).")],
+    data: Annotated[Path | None, typer.Option(help="Training text: .jsonl with a 'text' field, .json, or plain text (blank-line-separated documents). Default: lmforge's built-in zoo corpus.")] = None,
+    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 200,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (µS: of the embedding, norms and head; hidden layers get lr*sqrt(d_base/d)).")] = 1e-3,
+    batch_size: Annotated[int, typer.Option(help="Windows per step.")] = 8,
+    seq_len: Annotated[int, typer.Option(help="Tokens per window.")] = 128,
+    warmup: Annotated[int, typer.Option(help="Linear warm-up steps; then cosine decay to --min-lr-ratio.")] = 20,
+    min_lr_ratio: Annotated[float, typer.Option(help="Final learning rate as a share of the peak (µS: 0.1).")] = 0.1,
+    weight_decay: Annotated[float, typer.Option(help="Decoupled weight decay. With a projected optimizer it acts on the full W, which breaks the optimizer = adapter equivalence.")] = 0.0,
+    clip: Annotated[float, typer.Option(help="Gradient-norm clipping; 0 turns it off.")] = 1.0,
+    optimizer: Annotated[str, typer.Option(help="adamw; or a linear gradient transformation with Adam state in r dimensions: galore (SVD projector), sketch (Gaussian), orthogonal (random orthogonal), kron (two-sided).")] = "adamw",
+    rank: Annotated[int | None, typer.Option(help="Projected optimizers: the rank r (at most the layer's smaller side).")] = None,
+    refresh: Annotated[int, typer.Option(help="Projected optimizers: steps between projector refreshes (GaLore's update_proj_gap).")] = 200,
+    scale: Annotated[float, typer.Option(help="Projected optimizers: GaLore's update scale alpha.")] = 1.0,
+    parametrization: Annotated[str, typer.Option(help="sp keeps the model; mus re-initialises it under µnit Scaling (Res-Post-LayerNorm, unit-variance weights, Lion).")] = "sp",
+    tau: Annotated[float | None, typer.Option(help="µS: the residual mixing tau in (0, 1) (default 0.4, the paper's value at 4 layers; tau* falls with depth).")] = None,
+    fp8: Annotated[bool, typer.Option("--fp8", help="µS only: FP8 hidden linears with static casts (E4M3 forward, E5M2 gradients); simulated on CPU.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed of the windows and of random projections.")] = 0,
+    ckpt_every: Annotated[int, typer.Option(help="Steps between checkpoints (rerunning the same command resumes); 0: none.")] = 50,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing output folder.")] = False,
+    allow_pickle: PickleOpt = False,
+    trust_remote_code: RemoteOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Train a causal LM with lmforge's optimizers (gradient transforms) or the µS parametrization.
+
+    \b
+    Examples:
+      lmforge train -m zoo:agent-nano --out runs/galore --optimizer galore --rank 16 --refresh 50
+      lmforge train -m zoo:agent-nano --out runs/mus --parametrization mus --fp8 --lr 0.02
+    """
+    from lmforge.common.trainer import TrainJob, run_training
+
+    job = TrainJob(
+        model=model, out=str(out), data=None if data is None else str(data), steps=steps, lr=lr, batch_size=batch_size,
+        seq_len=seq_len, warmup=warmup, min_lr_ratio=min_lr_ratio, weight_decay=weight_decay, clip=clip,
+        optimizer=optimizer, rank=rank, refresh=refresh, scale=scale, parametrization=parametrization, tau=tau,
+        fp8=fp8, seed=seed, ckpt_every=ckpt_every, overwrite=overwrite,
+        progress=os.environ.get("LMFORGE_NO_PROGRESS") != "1", allow_pickle=allow_pickle,
+        trust_remote_code=trust_remote_code,
+    )
+    res = run_training(job, log=lambda m: typer.echo(m, err=True))
+    if as_json:
+        import dataclasses
+
+        _emit_json(dataclasses.asdict(res))
+        return
+    first, last = res.losses[0], sum(res.losses[-10:]) / len(res.losses[-10:])
+    typer.echo(f"{len(res.losses)} steps in {res.seconds:.1f} s: loss {first:.4f} -> {last:.4f} (mean of the last 10)")
+    typer.echo(f"optimizer state: {res.state_bytes / 1e6:.3f} MB (AdamW would keep {res.adamw_state_bytes / 1e6:.3f} MB)")
+    if res.fp8:
+        typer.echo("fp8 casts: " + ", ".join(f"{k.replace('_rate', '').replace('_', ' ')} {100 * v:.3f}%"
+                                             for k, v in res.fp8.items() if isinstance(v, float)))
+    typer.echo(f"saved to {out} (train.json inside)")
+
+
 @app.command("zigzag")
 def zigzag_cmd(
     model: Annotated[str, typer.Option("--model", "-m", help="A local HF model folder or zoo:NAME.")],
@@ -740,6 +799,21 @@ def reproduce(
         mark = "held" if r.held else "did NOT hold"
         typer.echo(f"{r.name}: {mark} — {r.claim}")
     typer.echo(f"report: {paths['html']}")
+
+
+def _add_shared_groups() -> None:
+    """``lmforge align`` and ``lmforge reward``: their commands live in :mod:`lmforge.commands`."""
+    from lmforge.commands import load_all
+    from lmforge.commands.groups import align_app, reward_app
+
+    load_all()
+    if align_app.registered_commands:
+        app.add_typer(align_app, name="align")
+    if reward_app.registered_commands:
+        app.add_typer(reward_app, name="reward")
+
+
+_add_shared_groups()
 
 
 def main() -> None:
