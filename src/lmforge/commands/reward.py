@@ -152,19 +152,12 @@ def reward_judge(
 
 
 def _read_rate_records(path: Path, limit: int | None) -> list[dict[str, Any]]:
-    from lmforge.methods.diverging_prefs.data import _lines
+    from lmforge.methods.diverging_prefs.data import json_records
 
     if not path.is_file():
         raise UserError(f"data file '{path}' does not exist")
     rows = []
-    for lineno, line in _lines(path):
-        where = f"{path}:{lineno}"
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{where}: not valid JSON ({exc.msg})") from None
-        if not isinstance(rec, dict):
-            raise UserError(f"{where}: a record must be a JSON object")
+    for lineno, where, rec in json_records(path):
         text = next((rec[k] for k in ("response", "completion", "text") if k in rec), None)
         if not isinstance(text, str):
             raise UserError(f"{where}: needs a string 'response' (or 'completion' / 'text')")

@@ -149,14 +149,10 @@ class TrainResult:
 
 
 def token_stream(tokenizer: Any, texts: list[str]) -> torch.Tensor:
-    """The texts tokenized and joined with EOS into one long tensor."""
-    eos = tokenizer.eos_token_id
-    ids: list[int] = []
-    for t in texts:
-        ids.extend(tokenizer(t, add_special_tokens=False)["input_ids"])
-        if eos is not None:
-            ids.append(int(eos))
-    return torch.tensor(ids, dtype=torch.long)
+    """The texts tokenized and joined with EOS into one long tensor (the calibration windows' stream)."""
+    from lmforge.data.calibration import token_ids
+
+    return torch.tensor(token_ids(tokenizer, texts), dtype=torch.long)
 
 
 def batch_at(stream: torch.Tensor, step: int, seed: int, batch_size: int, seq_len: int,

@@ -17,7 +17,7 @@ import torch
 from lmforge.common.errors import UserError
 from lmforge.data import corpus
 
-__all__ = ["builtin_eval_pairs", "builtin_texts", "read_texts", "token_windows"]
+__all__ = ["builtin_eval_pairs", "builtin_texts", "read_texts", "token_ids", "token_windows"]
 
 
 def builtin_texts(seed: int, n: int = 400) -> list[str]:
@@ -92,6 +92,17 @@ def read_texts(path: str | Path) -> list[str]:
     return texts
 
 
+def token_ids(tokenizer, texts: list[str]) -> list[int]:
+    """The texts tokenized (no special tokens) and joined with EOS into one stream of ids."""
+    eos = tokenizer.eos_token_id
+    ids: list[int] = []
+    for t in texts:
+        ids.extend(tokenizer(t, add_special_tokens=False)["input_ids"])
+        if eos is not None:
+            ids.append(int(eos))
+    return ids
+
+
 def token_windows(tokenizer, texts: list[str], n_samples: int, seq_len: int, seed: int) -> list[torch.Tensor]:
     """``n_samples`` random windows of ``seq_len`` tokens, each a ``(1, seq_len)`` long tensor.
 
@@ -105,12 +116,7 @@ def token_windows(tokenizer, texts: list[str], n_samples: int, seq_len: int, see
         raise UserError(f"the calibration set is empty: calib_samples must be >= 1, got {n_samples}")
     if seq_len < 2:
         raise UserError(f"calibration sequences need at least 2 tokens, got seq_len={seq_len}")
-    eos = tokenizer.eos_token_id
-    ids: list[int] = []
-    for t in texts:
-        ids.extend(tokenizer(t, add_special_tokens=False)["input_ids"])
-        if eos is not None:
-            ids.append(int(eos))
+    ids = token_ids(tokenizer, texts)
     if len(ids) < seq_len + 1:
         raise UserError(f"the calibration text has {len(ids)} tokens, fewer than one window of {seq_len}")
     stream = torch.tensor(ids, dtype=torch.long)

@@ -108,6 +108,20 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
         raise UserError(f"cannot read '{path}': {exc}") from None
 
 
+def json_records(path: Path) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """(line number, "FILE:LINE", record) for every non-blank line of a JSONL(.gz) file; a line that
+    is not a JSON object is a one-line UserError naming it."""
+    for lineno, line in _lines(path):
+        where = f"{path}:{lineno}"
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{where}: not valid JSON ({exc.msg})") from None
+        if not isinstance(rec, dict):
+            raise UserError(f"{where}: a record must be a JSON object")
+        yield lineno, where, rec
+
+
 def _need_str(rec: dict[str, Any], key: str, where: str) -> str:
     v = rec.get(key)
     if not isinstance(v, str):
@@ -245,14 +259,7 @@ def load_pairs(path: str | os.PathLike[str], fmt: str = "auto", *, annotators: s
         raise UserError(f"data file '{p}' does not exist")
     pairs: list[PreferencePair] = []
     kind = None if fmt == "auto" else fmt
-    for lineno, line in _lines(p):
-        where = f"{p}:{lineno}"
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{where}: not valid JSON ({exc.msg})") from None
-        if not isinstance(rec, dict):
-            raise UserError(f"{where}: a record must be a JSON object")
+    for lineno, where, rec in json_records(p):
         if kind is None:
             try:
                 kind = _detect(rec)
