@@ -17,6 +17,9 @@ $(PY):
 # The CPU torch wheel first, pinned: an unpinned torch pulls a multi-GB CUDA build. A torch that is
 # already importable in the venv (a GPU user's own build) is kept: the torch pin is then dropped
 # from the constraints.
+# galore-torch (the reference of the gradient-transform tests) goes in without its dependencies: it
+# declares bitsandbytes (125 MB) for its 8-bit optimizer only, and bitsandbytes makes every
+# `import peft` print a kernel warning on CPU; the tests import galore_torch.adamw alone.
 $(STAMP): $(PY) pyproject.toml constraints.txt
 	@if $(PY) -c "import torch" 2>/dev/null; then \
 	  grep -v '^torch==' constraints.txt > $(VENV)/constraints.txt; \
@@ -24,9 +27,6 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 	  $(PY) -m pip install --quiet "torch==2.13.0" && cp constraints.txt $(VENV)/constraints.txt; \
 	fi
 	$(PY) -m pip install --quiet -c $(VENV)/constraints.txt -e ".[oracle,test,embed]"
-	# galore-torch is the reference of the gradient-transform tests. Without its dependencies: it
-	# declares bitsandbytes (125 MB) for its 8-bit optimizer only, and bitsandbytes makes every
-	# `import peft` print a kernel warning on CPU; the tests import galore_torch.adamw alone.
 	$(PY) -m pip install --quiet --no-deps "galore-torch==1.0"
 	touch $(STAMP)
 
