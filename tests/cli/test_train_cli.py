@@ -34,6 +34,12 @@ def one_error_line(stderr: str) -> str:
         (["--parametrization", "mup"], "unknown parametrization"),
         (["--parametrization", "mus", "--optimizer", "galore", "--rank", "4"], "its own optimizer"),
         (["--steps", "0"], "--steps must be at least 1"),
+        (["--weight-decay", "-1"], "--weight-decay must be >= 0"),
+        (["--warmup", "-5"], "--warmup must be >= 0"),
+        (["--ckpt-every", "-1"], "--ckpt-every must be >= 0"),
+        (["--clip", "-1"], "--clip must be >= 0"),
+        (["--min-lr-ratio", "5"], "--min-lr-ratio must lie in [0, 1]"),
+        (["--seq-len", "100000"], "exceeds the model's 1024 positions"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(monkeypatch, capsys, tmp_path, args, needle):
@@ -77,9 +83,17 @@ def test_train_lowers_loss_and_saves_a_loadable_model(monkeypatch, capsys, tmp_p
     assert model.config.num_hidden_layers == 4
 
 
-def test_interrupted_run_resumes_to_the_same_weights(monkeypatch, tmp_path):
+@pytest.mark.parametrize("extra", [
+    {},
+    {"optimizer": "galore", "rank": 4, "refresh": 2},
+    {"parametrization": "mus", "fp8": True, "lr": 0.03},
+], ids=["adamw", "galore", "mus-fp8"])
+def test_interrupted_run_resumes_to_the_same_weights(monkeypatch, tmp_path, extra):
     torch.set_num_threads(1)
-    kw = dict(model=MODEL, steps=6, lr=3e-3, warmup=2, batch_size=2, seq_len=32, ckpt_every=3, progress=False)
+    # No warm-up: the checkpoint (step 3 of 6) falls inside the cosine decay, where a resumed run
+    # that took its peak lr from the checkpoint's decayed groups would drift.
+    kw = dict(model=MODEL, steps=6, lr=3e-3, warmup=0, batch_size=2, seq_len=32, ckpt_every=3, progress=False)
+    kw.update(extra)
     full = run_training(TrainJob(out=str(tmp_path / "full"), **kw))
 
     real = trainer.batch_at
@@ -98,6 +112,8 @@ def test_interrupted_run_resumes_to_the_same_weights(monkeypatch, tmp_path):
     resumed = run_training(TrainJob(out=str(tmp_path / "part"), **kw), log=logs.append)
     assert resumed.resumed_from == 3 and any("resuming from step 3" in m for m in logs)
     assert resumed.losses == pytest.approx(full.losses, abs=1e-6)
+    if full.fp8 is not None:  # the counters cover all six steps, the three before the resume too
+        assert resumed.fp8["per_layer"] == full.fp8["per_layer"]
     from safetensors.torch import load_file
 
     a = load_file(tmp_path / "full" / "model.safetensors")
@@ -173,6 +189,10 @@ def test_mus_fp8_run_saves_a_mus_model_that_resumes_training(monkeypatch, capsys
     assert is_mus(model) and all(lin.fp8 for lin in model.hidden_linears().values())
     # Lion keeps one moment per parameter: half of AdamW's two.
     assert res["state_bytes"] * 2 == res["adamw_state_bytes"]
+    # An FP8 µS folder trains on only in FP8 (else train.json would not count the casts) ...
+    code, _, err = call(monkeypatch, capsys, "train", "-m", str(out), "--out", str(tmp_path / "y"), "--steps", "1",
+                        "--parametrization", "mus")
+    assert code == 2 and "pass --fp8" in one_error_line(err)
     # A µS folder trains on only as µS ...
     code, _, err = call(monkeypatch, capsys, "train", "-m", str(out), "--out", str(tmp_path / "x"), "--steps", "1")
     assert code == 2 and "is a µS model" in one_error_line(err)

@@ -112,6 +112,12 @@ class TrainJob:
             raise UserError(f"--lr must be positive, got {self.lr}")
         if self.batch_size < 1 or self.seq_len < 2:
             raise UserError("--batch-size must be >= 1 and --seq-len >= 2")
+        for flag, value in (("--weight-decay", self.weight_decay), ("--warmup", self.warmup),
+                            ("--ckpt-every", self.ckpt_every), ("--clip", self.clip)):
+            if value < 0:
+                raise UserError(f"{flag} must be >= 0, got {value}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise UserError(f"--min-lr-ratio must lie in [0, 1], got {self.min_lr_ratio}")
         if self.optimizer != "adamw":
             if self.rank is None:
                 raise UserError(f"--optimizer {self.optimizer} needs --rank (the projected dimension)")
@@ -132,6 +138,9 @@ class TrainJob:
     def key(self) -> str:
         """A digest of everything that decides the trajectory (a checkpoint resumes only its own job)."""
         d = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("overwrite", "progress", "out")}
+        if self.data is not None and os.path.isfile(self.data):
+            st = os.stat(self.data)  # an edited data file is another run
+            d["data_stat"] = [st.st_size, st.st_mtime_ns]
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -288,11 +297,19 @@ def run_training(job: TrainJob, texts: list[str] | None = None,
             texts = builtin_texts(job.seed, n=2000)
     model, tok, is_mus = _load_model(job)
     counters = None
+    fp8_on = is_mus and any(getattr(lin, "fp8", False) for lin in model.hidden_linears().values())
+    if fp8_on and not job.fp8:
+        raise UserError(f"{job.model} was saved with FP8 hidden linears; pass --fp8 to go on training it in FP8")
     if job.fp8:
         from lmforge.methods.unit_scaling.apply import enable_fp8
 
         counters = enable_fp8(model)
     opt = _build_optimizer(job, model, is_mus)
+    # The peak learning rates, taken before a checkpoint's (already decayed) group lrs are loaded.
+    base_lrs = [g["lr"] for g in opt.param_groups]
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if positions is not None and job.seq_len > positions:
+        raise UserError(f"--seq-len {job.seq_len} exceeds the model's {positions} positions")
     stream = token_stream(tok, texts)
     bos = tok.bos_token_id
 
@@ -308,6 +325,10 @@ def run_training(job: TrainJob, texts: list[str] | None = None,
             start = int(saved["step"])
             result.losses = list(saved["losses"])
             result.resumed_from = start
+            if counters is not None and saved.get("fp8"):
+                for layer, rec in saved["fp8"].items():  # the counts of the steps before the resume
+                    for kind, (under, over, total) in rec.items():
+                        counters.add(layer, kind, under, over, total)
             if log is not None:
                 log(f"resuming from step {start} ({ckpt})")
         elif log is not None:
@@ -315,7 +336,6 @@ def run_training(job: TrainJob, texts: list[str] | None = None,
 
     model.train()
     t0 = time.perf_counter()
-    base_lrs = [g["lr"] for g in opt.param_groups]
     with make_progress() as prog:
         bar = prog.add_task("train", total=job.steps, completed=start, info="")
         if not job.progress:
@@ -340,7 +360,8 @@ def run_training(job: TrainJob, texts: list[str] | None = None,
                 ckdir.mkdir(parents=True, exist_ok=True)
                 tmp = ckdir / "ckpt.pt.tmp"
                 torch.save({"key": job.key(), "step": done, "model": model.state_dict(),
-                            "opt": opt.state_dict(), "losses": result.losses}, tmp)
+                            "opt": opt.state_dict(), "losses": result.losses,
+                            "fp8": None if counters is None else counters.to_json()}, tmp)
                 os.replace(tmp, ckpt)
     model.eval()
     result.seconds = time.perf_counter() - t0

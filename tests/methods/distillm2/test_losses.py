@@ -7,6 +7,8 @@ gives KL(q||p). At alpha = 1 both mixtures collapse to p (SKL) / sg(q) (SRKL) an
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -236,24 +238,27 @@ def test_official_loss_form_equals_paper_form_times_two() -> None:
         b = 1.0 + 0.5 * min(1.0, 2 * step / max_steps)
         beta = L.beta_schedule(step, max_steps, gradual=True)
         assert beta == pytest.approx(b / 2)
-        skl, srkl = 0.7, 0.3
-        assert (2 - b) * skl + b * srkl == pytest.approx(2 * ((1 - beta) * skl + beta * srkl))
     assert L.beta_schedule(0, max_steps, True) == 0.5
     assert L.beta_schedule(50, max_steps, True) == 0.75 and L.beta_schedule(90, max_steps, True) == 0.75
 
 
 def test_adaptive_alpha_formula() -> None:
-    lp = torch.tensor([-0.1, -1.0, -2.0, -0.5])
-    lq = torch.tensor([-1.5, -1.1, -0.5, -0.6])
+    # The last two samples have gaps g = 0.19 and 0.185 against m = 0.2, so (1-a0)m/g lies in
+    # (0.9, 0.99) and their alpha strictly inside (0.01, a0): the formula, not a clip bound, decides.
+    lp = torch.tensor([-0.1, -1.0, -2.0, -0.5, math.log(0.6), math.log(0.7)])
+    lq = torch.tensor([-1.5, -1.1, -0.5, -0.6, math.log(0.41), math.log(0.515)])
     m, a0 = 0.2, 0.1
     got = L.adaptive_alpha(lp, lq, m, a0).numpy()
     g = np.exp(lp.numpy()) - np.exp(lq.numpy())
     want = np.clip(1 - (1 - a0) * m / (g + 1e-5), 0.01, a0)
-    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(got, want, rtol=1e-4)  # float32 near the cancellation
     got_s = L.adaptive_alpha(lp, lq, m, a0, on_student_responses=True).numpy()
     want_s = np.clip(1 - (1 - a0) * m / (-g + 1e-5), 0.01, a0)
-    np.testing.assert_allclose(got_s, want_s, rtol=1e-6)
+    np.testing.assert_allclose(got_s, want_s, rtol=1e-4)  # float32 near the cancellation
     assert got.min() >= 0.01 and got.max() <= a0
+    interior = got[4:]
+    assert ((interior > 0.011) & (interior < a0 - 0.001)).all(), interior
+    np.testing.assert_allclose(interior, [1 - 0.9 * 0.2 / (0.19 + 1e-5), 1 - 0.9 * 0.2 / (0.185 + 1e-5)], rtol=1e-4)
 
 
 def test_rejects_bad_inputs() -> None:

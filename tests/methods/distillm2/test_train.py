@@ -187,6 +187,10 @@ def test_pairs_roundtrip_and_loader_errors(tiny, tmp_path: Path) -> None:
     bad.write_text('{"prompt": "a", "chosen": 3, "rejected": "c"}\n')
     with pytest.raises(UserError, match=":1: field 'chosen' must be a string"):
         load_pairs(bad, tok)
+    for wrong in (len(tok), -5):  # ids the embedding has no row for
+        bad.write_text(json.dumps({"prompt": "a", "chosen": "b", "rejected": "c", "chosen_ids": [1, wrong]}) + "\n")
+        with pytest.raises(UserError, match=f":1: field 'chosen_ids' holds token id {wrong}, outside"):
+            load_pairs(bad, tok)
 
 
 def test_load_prompts(tmp_path: Path) -> None:

@@ -109,6 +109,7 @@ def load_pairs(path: str | Path, tokenizer: Any) -> list[Pair]:
     from lmforge.common.generation import encode_prompt
 
     raw = read_user_text(path, "pairs")
+    vocab = len(tokenizer)
     pairs = []
     for lineno, rec in parse_json_lines(path, raw):
         if not isinstance(rec, dict):
@@ -125,6 +126,10 @@ def load_pairs(path: str | Path, tokenizer: Any) -> list[Pair]:
                 val = rec[f"{key}_ids"]
                 if not (isinstance(val, list) and all(isinstance(i, int) for i in val)):
                     raise UserError(f"{path}:{lineno}: field '{key}_ids' must be a list of integers")
+                bad = [i for i in val if not 0 <= i < vocab]
+                if bad:
+                    raise UserError(f"{path}:{lineno}: field '{key}_ids' holds token id {bad[0]}, outside the "
+                                    f"tokenizer's {vocab} ids")
                 return val
             if prompt:
                 return encode_prompt(tokenizer, text)
