@@ -14,9 +14,10 @@ import torch
 from scipy.stats import spearmanr
 from sklearn.metrics import roc_auc_score
 
+from lmforge.data.preferences import _runner_up, max_digit_pairs
 from lmforge.methods.selective_dpo.core import n_selected
 from lmforge.reproduce.base import ReproduceOptions, get
-from lmforge.reproduce.selective_dpo import HELD_TAU, MARGIN, verdict
+from lmforge.reproduce.selective_dpo import HELD_TAU, MARGIN, near_miss, verdict
 
 
 @pytest.fixture(scope="module")
@@ -70,9 +71,31 @@ def test_verdict_is_the_condition_recomputed_from_the_sweep(quick):
     # Every sweep row of the table is the saved per-seed accuracies' mean; accuracies are shares of 400 pairs.
     table = next(t for t in res.tables if t.title.startswith("tau sweep"))
     for row in table.rows[:-1]:
-        assert row[4] == pytest.approx(statistics.mean(sweep[row[0]]), abs=1e-4)
+        assert row[5] == pytest.approx(statistics.mean(sweep[row[0]]), abs=1e-4)
         assert all(abs(a * 400 - round(a * 400)) < 1e-3 for a in sweep[row[0]])
-    assert table.rows[-1][4] == pytest.approx(runs["ref_accuracy"], abs=1e-4)
+    assert table.rows[-1][5] == pytest.approx(runs["ref_accuracy"], abs=1e-4)
+
+
+def test_near_miss_flags_match_the_generator(quick):
+    _, runs = quick
+    st = runs["setting"]
+    train = max_digit_pairs(st["n_train"], runs["seed"] + 1, hard_fraction=st["hard_fraction"],
+                            rules=tuple(st["rules"]), flipped_share=st["flipped_share"], flip=st["flip"])
+
+    def digits(prompt: str) -> list[int]:
+        return [int(x) for x in prompt.split(":")[1][:-3].split()]
+
+    # Oracle: the generator's own runner-up rule, applied to the prompt digits.
+    expect = [r["kind"] == "clean" and r["rejected"] == f" {_runner_up(r['rule'], digits(r['prompt']))}"
+              for r in train]
+    assert runs["near_miss"] == expect == [near_miss(r) for r in train]
+    # Among clean pairs about a quarter (1 of 4 wrong prompt digits) have the near-miss negative.
+    clean = [e for e, r in zip(expect, train) if r["kind"] == "clean"]
+    assert 0.15 < sum(clean) / len(clean) < 0.35
+    # The kept share recounted by hand from the saved scores.
+    k = n_selected(len(train), HELD_TAU)
+    kept = np.argsort(np.array(runs["scores"]), kind="stable")[:k]
+    assert runs["kept_near_miss"][f"selective tau={HELD_TAU}"] == pytest.approx(sum(expect[i] for i in kept) / k)
 
 
 def test_figures_are_written(quick):
