@@ -1,5 +1,6 @@
 """``lmforge reproduce fit --quick``: the verdict is the stated condition recomputed from the table, the
-tables agree with each other and with the saved results, and the figures are written."""
+tables (focus accuracy, the pretrained checkpoint's probes before and after fine-tuning) agree with
+each other and with the saved results, and the figures are written."""
 
 from __future__ import annotations
 
@@ -10,13 +11,6 @@ import pytest
 
 from lmforge.reproduce.base import ReproduceOptions, get
 from lmforge.reproduce.fit import COLLAPSE_DROP, HOLD_MARGIN, HOLD_MIN, SPLITS, TRACK_MIN, verdict
-
-
-def _key(row_name: str) -> str:
-    from lmforge.methods.fit.data import FOCUS_SYMBOLS
-
-    sym = row_name.removeprefix("FIT ")
-    return "fit:" + next(k for k, v in FOCUS_SYMBOLS.items() if v == sym)
 
 
 def test_verdict_rule():
@@ -33,7 +27,7 @@ def test_verdict_rule():
 
 def test_fit_reproduction_quick(tmp_path: Path) -> None:
     res = get("fit").fn(ReproduceOptions(out_dir=tmp_path, quick=True, seed=0))
-    main, heldout, follow, control = res.tables
+    main, heldout, follow, pre, forget = res.tables
     assert main.columns == ["method", *SPLITS]
     rows = {r[0]: dict(zip(SPLITS, r[1:])) for r in main.rows}
     sft, core, spur = rows["SFT(y), plain prompt"], rows["FIT focus(C)+ignore(S)"], rows["FIT focus(S)"]
@@ -64,17 +58,32 @@ def test_fit_reproduction_quick(tmp_path: Path) -> None:
     for k, v in verdict(saved["table"]).items():
         if k != "held":
             assert res.measured[k] == v
-    crow = {r[0]: r for r in control.rows}
-    steer_main = core["flipped"] - (1 - spur["flipped"])
-    steer_ctrl = crow["FIT focus(C)+ignore(S)"][4] - (1 - crow["FIT focus(S)"][4])
-    got = [float(x) for x in res.measured["FIT steerability on flipped, XOR core / control"].split(" / ")]
-    assert got == pytest.approx([steer_main, steer_ctrl], abs=2e-3)
-    assert res.measured["control (one-token core), flipped: SFT(y) / FIT focus(C)+ignore(S) / FIT focus(S)"] == (
-        f"{crow['SFT(y), plain prompt'][4]:.3f} / {crow['FIT focus(C)+ignore(S)'][4]:.3f} / "
-        f"{crow['FIT focus(S)'][4]:.3f}")
-    for name, r in crow.items():
-        assert r[4] == pytest.approx(saved["control"]["table"]["sft" if name.startswith("SFT") else
-                                                               _key(name)]["flipped"], abs=1e-3)
+    steer = core["flipped"] - (1 - spur["flipped"])
+    assert float(res.measured["FIT steerability on flipped"]) == pytest.approx(steer, abs=2e-3)
+
+    # The pretrained checkpoint's rows: the probes as saved; on a split with y_S = y everywhere
+    # ("high") nothing distinguishes the features, and the task-prompt row is the share answering y.
+    assert pre.columns == ["probe", *SPLITS]
+    assert len(pre.rows) == 3 and all(0.0 <= v <= 1.0 for r in pre.rows for v in r[1:])
+    probes = saved["probes"]
+    for r, key in zip(pre.rows, ("sentiment", "keyword", "task=y")):
+        for s, v in zip(SPLITS, r[1:]):
+            assert v == pytest.approx(probes["pretrained"][s][key], abs=1e-3)
+    pf = probes["pretrained"]["flipped"]
+    assert res.measured["pretrained checkpoint on flipped: sentiment task / keyword task / task prompt = y"] == (
+        f"{pf['sentiment']:.3f} / {pf['keyword']:.3f} / {pf['task=y']:.3f}")
+    # Before/after table: its first row is the pretrained column "flipped" of the table above, and
+    # the after-SFT task-prompt share is SFT(y)'s flipped focus accuracy (same prompt, same records).
+    first = forget.rows[0]
+    assert first[1:] == pytest.approx([r[1 + SPLITS.index("flipped")] for r in pre.rows], abs=1e-3)
+    after_sft = {r[0]: r for r in forget.rows}["after SFT(y)"]
+    assert after_sft[3] == pytest.approx(sft["flipped"], abs=2e-3)
+    # FIT's ∅ prompt is the task prompt, so after FIT the task-prompt share equals FIT ∅ on flipped.
+    after_fit = {r[0]: r for r in forget.rows}["after FIT"]
+    assert after_fit[3] == pytest.approx(rows["FIT ∅"]["flipped"], abs=2e-3)
+    # Same budget for both: the training reports ran the same number of steps (no early stopping in quick).
+    assert saved["train"]["sft"]["steps_run"] == saved["train"]["fit"]["steps_run"]
+    assert [saved["pretrain"][k]["steps_run"] for k in ("stage1", "stage2")] == [40, 40]
     assert any("Quick mode" in n for n in res.notes)
     for f in res.figures:
         assert Path(f.path).stat().st_size > 1000

@@ -9,10 +9,13 @@ feature it answers with the label that feature is tied to.
 
 Here: the synthetic suite of :mod:`lmforge.data.spurious` (sentiment phrase = core, a keyword from
 a named family = spurious, co-occurrence 0.9 in training; iid / high / low / flipped test splits,
-and the same four on a held-out family never seen in training). Two tiny Llamas with the same
-initialisation and tokenizer are fine-tuned with the same schedule through TRL's ``SFTTrainer``:
-SFT(y) on the plain prompt, FIT on the six focus instructions drawn per example. Evaluation is
-label-set scoring (argmax of the label log-likelihood).
+and the same four on a held-out family never seen in training). The paper fine-tunes pretrained
+instruction models that already read both features; so here a tiny Llama is first "pretrained" on
+two label-independent auxiliary tasks (what is the sentiment of the text, on data where the keyword
+is uncorrelated with it; which keyword of a family appears), and SFT(y) and FIT then start from
+that one checkpoint and are fine-tuned with the same schedule through TRL's ``SFTTrainer``: SFT(y)
+on the plain prompt, FIT on the six focus instructions drawn per example. Evaluation is label-set
+scoring (argmax of the label log-likelihood).
 """
 
 from __future__ import annotations
@@ -27,6 +30,12 @@ from lmforge.reproduce.base import ClaimResult, Figure, ReproduceOptions, Table,
 TITLE = "Focus Instruction Tuning (Lamb, Davies, Paren, Torr, Pinto; ICML 2025)"
 TASK = "Is the sentiment positive or negative?"
 SPLITS = ("iid", "high", "low", "flipped")
+# Auxiliary "pretraining" prompts: label-independent tasks that make the tiny model represent both
+# features before SFT/FIT (the paper's LLMs already do). Their wording differs from TASK.
+SENTIMENT_PROBE = "What is the sentiment of the text?"
+KEYWORD_PROBE = "What is the {} in the text?"
+PRETRAIN_RHO = 0.5       # keyword independent of the sentiment in the auxiliary data
+PRETRAIN_NEGATION = 0.25  # share of negated sentiment words in the auxiliary data (test splits keep sp.NEGATION)
 # The condition, fixed before any run (thresholds in absolute focus accuracy):
 COLLAPSE_DROP = 0.15   # SFT(y) "collapses": flipped accuracy at least this far below its iid accuracy
 HOLD_MIN = 0.80        # FIT focus(C)+ignore(S) "holds" on flipped: at least this ...
@@ -94,24 +103,92 @@ def _plot(path: Path, table: dict[str, dict[str, float]], rows: list[str], split
     return path
 
 
-def _arm(opts: ReproduceOptions, negation: float, n_train: int, n_test: int, cfg: Any, hidden: int,
-         layers: int) -> dict[str, Any]:
-    """Train SFT(y) and FIT from one initialisation on a suite with core negation rate ``negation``
-    and score both; returns the focus-accuracy table, the raw evaluations and the training reports."""
+def sentiment_probe(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Auxiliary task 1: the sentiment of the text (the core label ``y``), a question worded apart
+    from :data:`TASK`, with no focus line."""
+    from lmforge.methods.fit.data import completion, render_prompt
+
+    return [{"prompt": render_prompt(SENTIMENT_PROBE, "", r["text"]), "completion": completion(r["label"]),
+             "focus_type": "sentiment", "focus_label": r["label"], "label": r["label"]} for r in recs]
+
+
+def keyword_probe(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Auxiliary task 2: which keyword of the record's family appears (answer: the keyword itself,
+    not its tied label, so the task is label-independent). The family is named as the focus
+    instructions name it ("the fruit")."""
+    from lmforge.methods.fit.data import completion, render_prompt
+
+    return [{"prompt": render_prompt(KEYWORD_PROBE.format(r["family"]), "", r["text"]),
+             "completion": completion(r["keyword"]), "focus_type": "keyword", "focus_label": r["keyword"],
+             "label": r["keyword"]} for r in recs]
+
+
+def probe_accuracy(model: Any, tok: Any, recs: list[dict[str, Any]]) -> dict[str, float]:
+    """The checkpoint's accuracy on the two auxiliary tasks (sentiment over the label set, keyword
+    over its family's two keywords) and how often it answers the task prompt with ``y``."""
     from lmforge.data import spurious as sp
+    from lmforge.methods.fit.data import FieldSpec, sft_data
+    from lmforge.methods.fit.evaluate import evaluate_examples, label_logprobs
+
+    sent = evaluate_examples(model, tok, sentiment_probe(recs), sp.LABELS)["focus_accuracy"]
+    kw = keyword_probe(recs)
+    hits = 0
+    for e, r in zip(kw, recs):
+        cands = list(sp.FAMILIES[r["family"]])
+        lp = label_logprobs(model, tok, [e["prompt"]], cands)[0]
+        hits += int(cands[max(range(len(cands)), key=lambda j: lp[j])] == r["keyword"])
+    spec = FieldSpec(label="label", spurious_label="keyword_label")
+    task = evaluate_examples(model, tok, sft_data(recs, TASK, spec), sp.LABELS)["by_type"]["none"]["agrees_with_label"]
+    return {"sentiment": sent, "keyword": hits / max(1, len(recs)), "task=y": task}
+
+
+def _experiment(opts: ReproduceOptions, n_train: int, n_test: int, pre_steps: tuple[int, int], pre_lr: float,
+                cfg: Any, hidden: int, layers: int) -> dict[str, Any]:
+    """Pretrain one tiny Llama on the auxiliary tasks, then fine-tune SFT(y) and FIT from that same
+    checkpoint with the same schedule and score both; returns tables, raw evaluations, probes and
+    training reports."""
+    import copy
+    import random
+
+    from lmforge.data import spurious as sp
+    from lmforge.methods.fit.config import FITConfig
     from lmforge.methods.fit.data import FOCUS_TYPES, FieldSpec, build_fit_data, sft_data
     from lmforge.methods.fit.evaluate import evaluate_examples
     from lmforge.methods.fit.train import train_sft
     from lmforge.models.tokenizer import train_tokenizer
 
-    suite = sp.suite(opts.seed, n_train, n_test, n_val=20 if opts.quick else 200, negation=negation)
+    suite = sp.suite(opts.seed, n_train, n_test, n_val=20 if opts.quick else 200)
     spec = FieldSpec(label="label", spurious_label="keyword_label", core_name=sp.CORE_NAME, spurious_name=None,
                      spurious_name_field="family", spurious_name_format="the {}")
+    # NOTE: the paper fine-tunes instruction LLMs that already read sentiment and name the things in a
+    # text; a tiny model trained from scratch does neither (the earlier from-scratch run never learned
+    # the XOR core and FIT's answers ignored the instruction). So a "pretraining" stage first teaches
+    # both features through label-independent tasks on fresh records of the training families: the
+    # keyword is independent of the sentiment there (rho 0.5), and the keyword task answers with the
+    # keyword itself, so neither the spurious tie (keyword -> label) nor FIT's instructions are seen.
+    # NOTE: the auxiliary records negate the sentiment word a quarter of the time, not half: with
+    # exactly half, word polarity and negation are each uncorrelated with the label (a parity problem)
+    # and gradient descent sat at chance in our runs; natural text negates less often than it does
+    # not, and the test splits keep the notes' 0.5. Stage 1 is the sentiment task alone, stage 2 mixes
+    # it 1:1 with the keyword task: measured here, mixing from the start left the sentiment at chance.
+    pre_recs = [sp.make_split(f"{opts.seed}:pretrain{k}", n_train, PRETRAIN_RHO, sp.TRAIN_FAMILIES, exact=False,
+                              negation=PRETRAIN_NEGATION) for k in (1, 2)]
+    rng = random.Random(f"lmforge-fit-pretrain:{opts.seed}")
+    stage1 = sentiment_probe(pre_recs[0])
+    stage2 = [e for r in pre_recs[1] for e in (sentiment_probe([r]) if rng.random() < 0.5 else keyword_probe([r]))]
     # One BPE over every prompt form, held-out family included, so an unseen keyword is one token
     # whose embedding training never touches (an unseen feature, not an unknown token).
     texts = [e["prompt"] + e["completion"] for recs in suite.values()
              for e in build_fit_data(recs[:200], TASK, spec, mode="all")]
+    texts += [e["prompt"] + e["completion"] for e in stage2[:400]]
     tok = train_tokenizer(texts, 1000)
+    model = _tiny_model(tok, opts.seed, hidden, layers)
+    pre_reports = []
+    for k, (data, steps) in enumerate(zip((stage1, stage2), pre_steps)):
+        pre_reports.append(train_sft(model, tok, data, FITConfig(steps=steps, lr=pre_lr, batch_size=cfg.batch_size,
+                                                                  seed=opts.seed + k)))
+    pretrained = copy.deepcopy(model.state_dict())
+    probes = {"pretrained": {s: probe_accuracy(model, tok, suite[s]) for s in SPLITS}}
     train_sets = {"sft": sft_data(suite["train"], TASK, spec),
                   "fit": build_fit_data(suite["train"], TASK, spec, seed=opts.seed)}
     val_sets = {"sft": sft_data(suite["val"], TASK, spec),
@@ -120,25 +197,28 @@ def _arm(opts: ReproduceOptions, negation: float, n_train: int, n_test: int, cfg
     evals: dict[str, dict[str, Any]] = {}
     reports: dict[str, Any] = {}
     for method in ("sft", "fit"):
-        model = _tiny_model(tok, opts.seed, hidden, layers)  # same initial weights for both
+        model.load_state_dict(pretrained)  # the same pretrained start for both
         reports[method] = train_sft(model, tok, train_sets[method], cfg, val_examples=val_sets[method])
         types = ["none"] if method == "sft" else list(FOCUS_TYPES)
         evals[method] = {split: evaluate_examples(model, tok, build_fit_data(suite[split], TASK, spec, types=types,
                                                                              mode="all"), sp.LABELS)
                          for split in all_splits}
+        probes[method] = {"flipped": probe_accuracy(model, tok, suite["flipped"])}
     # table[row][split] = focus accuracy; rows: SFT(y) with its plain prompt, FIT per instruction.
     table: dict[str, dict[str, float]] = {"sft": {s: evals["sft"][s]["by_type"]["none"]["focus_accuracy"]
                                                   for s in all_splits}}
     for kind in FOCUS_TYPES:
         table[f"fit:{kind}"] = {s: evals["fit"][s]["by_type"][kind]["focus_accuracy"] for s in all_splits}
-    n_params = sum(p.numel() for p in _tiny_model(tok, 0, hidden, layers).parameters())
-    return {"table": table, "evals": evals, "reports": reports, "n_params": n_params}
+    n_params = sum(p.numel() for p in model.parameters())
+    return {"table": table, "evals": evals, "reports": reports, "pre_reports": pre_reports, "probes": probes,
+            "n_params": n_params}
 
 
 @register_reproduction(
     "fit", title=TITLE,
-    summary="tiny Llamas fine-tuned by SFT(y) and by FIT on a sentiment + spurious-keyword suite; focus accuracy on "
-            "iid/high/low/flipped splits and an unseen keyword family",
+    summary="a tiny Llama pretrained on label-independent sentiment and keyword tasks, then fine-tuned by SFT(y) "
+            "and by FIT on a sentiment + spurious-keyword suite; focus accuracy on iid/high/low/flipped splits and "
+            "an unseen keyword family",
 )
 def run(opts: ReproduceOptions) -> ClaimResult:
     import torch
@@ -150,18 +230,17 @@ def run(opts: ReproduceOptions) -> ClaimResult:
     start = time.perf_counter()
     torch.set_num_threads(1)
     n_train, n_test, steps = (800, 32, 30) if opts.quick else (8000, 200, 400)
+    pre_steps = (40, 40) if opts.quick else (300, 300)
     hidden, layers = 64, 2
-    cfg = FITConfig(steps=steps, lr=3e-3, batch_size=32, eval_every=0 if opts.quick else 100, patience=2,
+    # NOTE: lr 1e-3, not the earlier 3e-3: at 3e-3 the tiny model sat at chance on the sentiment
+    # task in our runs. The paper fine-tunes with LoRA at small rates (its exact rate unverified).
+    lr = 1e-3
+    cfg = FITConfig(steps=steps, lr=lr, batch_size=32, eval_every=0 if opts.quick else 100, patience=2,
                     seed=opts.seed)
-    # The verdict's arm: the notes' design, a core that is an XOR of two tokens.
-    main = _arm(opts, sp.NEGATION, n_train, n_test, cfg, hidden, layers)
-    # Control, reported beside it: the same with a one-token core (no negation).
-    control_steps = 30 if opts.quick else 300
-    control = _arm(opts, 0.0, n_train, n_test, FITConfig(**{**cfg.__dict__, "steps": control_steps}), hidden, layers)
-    table, evals, reports = main["table"], main["evals"], main["reports"]
+    main = _experiment(opts, n_train, n_test, pre_steps, lr, cfg, hidden, layers)
+    table, evals, reports, probes = main["table"], main["evals"], main["reports"], main["probes"]
     checks = verdict(table)
     held = checks["held"]
-    control_checks = verdict(control["table"])
 
     def label(r: str) -> str:
         return "SFT(y), plain prompt" if r == "sft" else f"FIT {FOCUS_SYMBOLS[r.split(':')[1]]}"
@@ -169,34 +248,37 @@ def run(opts: ReproduceOptions) -> ClaimResult:
     row_order = ["sft", *[f"fit:{k}" for k in FOCUS_TYPES]]
     main_rows = [[label(r), *[round(table[r][s], 3) for s in SPLITS]] for r in row_order]
     held_rows = [[label(r), *[round(table[r][f"heldout-{s}"], 3) for s in SPLITS]] for r in row_order]
-    control_rows = [[label(r), *[round(control["table"][r][s], 3) for s in SPLITS],
-                     round(control["table"][r]["heldout-flipped"], 3)] for r in row_order]
     follow_rows = []
     for r, method, kind in [("sft", "sft", "none"), *[(f"fit:{k}", "fit", k) for k in FOCUS_TYPES]]:
         bt = evals[method]["flipped"]["by_type"][kind]
         hb = evals[method]["heldout-flipped"]["by_type"][kind]
         follow_rows.append([label(r), round(bt["agrees_with_label"], 3), round(bt["agrees_with_spurious"], 3),
                             round(hb["agrees_with_label"], 3), round(hb["agrees_with_spurious"], 3)])
+    probe_names = {"sentiment": f"sentiment task ('{SENTIMENT_PROBE}') = y",
+                   "keyword": "keyword task ('What is the <family> in the text?') correct",
+                   "task=y": f"task prompt ('{TASK}') answered y"}
+    pre_rows = [[f"pretrained: {probe_names[k]}", *[round(probes["pretrained"][s][k], 3) for s in SPLITS]]
+                for k in probe_names]
+    forget_rows = [[name, *[round(probes[ck]["flipped"][k], 3) for k in probe_names]]
+                   for name, ck in [("pretrained (before fine-tuning)", "pretrained"), ("after SFT(y)", "sft"),
+                                    ("after FIT", "fit")]]
 
     fig_rows = ["sft", "fit:focus_c_ignore_s", "fit:focus_c", "fit:none", "fit:focus_s"]
     f1 = _plot(opts.out_dir / "fit-focus-accuracy.png", {label(r): table[r] for r in fig_rows},
-               [label(r) for r in fig_rows], list(SPLITS), "Focus accuracy, XOR core (verdict arm)")
+               [label(r) for r in fig_rows], list(SPLITS), "Focus accuracy, XOR core, from the pretrained checkpoint")
     f2 = _plot(opts.out_dir / "fit-heldout-family.png", {label(r): table[r] for r in fig_rows},
                [label(r) for r in fig_rows], [f"heldout-{s}" for s in SPLITS],
                "Focus accuracy, held-out keyword family (XOR core)")
-    f3 = _plot(opts.out_dir / "fit-control-easy-core.png", {label(r): control["table"][r] for r in fig_rows},
-               [label(r) for r in fig_rows], list(SPLITS), "Control: one-token core (no negation)")
 
     def _train_json(reps: dict[str, Any]) -> dict[str, Any]:
         return {m: {"steps_run": r.steps_run, "best_step": r.best_step, "losses": r.losses,
                     "eval_losses": r.eval_losses, "seconds": r.seconds} for m, r in reps.items()}
 
     (opts.out_dir / "fit-results.json").write_text(json.dumps(
-        {"table": table, "checks": checks, "evals": evals, "train": _train_json(reports),
-         "control": {"table": control["table"], "checks": control_checks, "train": _train_json(control["reports"])}},
+        {"table": table, "checks": checks, "evals": evals, "probes": probes,
+         "train": _train_json(reports),
+         "pretrain": _train_json({f"stage{k + 1}": r for k, r in enumerate(main["pre_reports"])})},
         indent=1, default=str))
-
-    ct = control["table"]
 
     def steer(t: dict[str, dict[str, float]]) -> float:
         # On flipped (binary, y != y_S everywhere), focus(S) accuracy = 1 - share answering y, so this is
@@ -204,7 +286,10 @@ def run(opts: ReproduceOptions) -> ClaimResult:
         # the instruction, 0 = the instruction changes nothing.
         return t["fit:focus_c_ignore_s"]["flipped"] - (1.0 - t["fit:focus_s"]["flipped"])
 
+    pf = probes["pretrained"]["flipped"]
     measured: dict[str, Any] = {
+        "pretrained checkpoint on flipped: sentiment task / keyword task / task prompt = y":
+            f"{pf['sentiment']:.3f} / {pf['keyword']:.3f} / {pf['task=y']:.3f}",
         "SFT(y) focus accuracy iid / flipped": f"{table['sft']['iid']:.3f} / {table['sft']['flipped']:.3f}",
         "FIT focus(C)+ignore(S) iid / flipped": f"{table['fit:focus_c_ignore_s']['iid']:.3f} / "
                                                  f"{table['fit:focus_c_ignore_s']['flipped']:.3f}",
@@ -213,9 +298,7 @@ def run(opts: ReproduceOptions) -> ClaimResult:
             f"{table['fit:focus_c_ignore_s']['heldout-flipped']:.3f} / {table['fit:focus_s']['heldout-flipped']:.3f}"
             f" / {table['sft']['heldout-flipped']:.3f}",
         **{k: v for k, v in checks.items() if k != "held"},
-        "control (one-token core), flipped: SFT(y) / FIT focus(C)+ignore(S) / FIT focus(S)":
-            f"{ct['sft']['flipped']:.3f} / {ct['fit:focus_c_ignore_s']['flipped']:.3f} / {ct['fit:focus_s']['flipped']:.3f}",
-        "FIT steerability on flipped, XOR core / control": f"{steer(table):.3f} / {steer(ct):.3f}",
+        "FIT steerability on flipped": f"{steer(table):.3f}",
         "steps run (kept) SFT / FIT": f"{reports['sft'].steps_run} ({reports['sft'].best_step}) / "
                                       f"{reports['fit'].steps_run} ({reports['fit'].best_step})",
     }
@@ -223,39 +306,52 @@ def run(opts: ReproduceOptions) -> ClaimResult:
         f"Condition, fixed before running: held iff, on the XOR-core suite, SFT(y) loses at least {COLLAPSE_DROP:.2f} "
         f"focus accuracy from iid to flipped, FIT with focus(C)+ignore(S) scores at least {HOLD_MIN:.2f} on flipped "
         f"and at least {HOLD_MARGIN:.2f} above SFT(y) there, and FIT with focus(S) agrees with y_S on at least "
-        f"{TRACK_MIN:.2f} of the flipped split. The held-out family and the one-token-core control are reported, "
-        "not part of the verdict (the paper's own feature-shift results have focus(S) failing on unseen features).",
-        f"Models: Llamas of {main['n_params'] / 1e6:.2f}M parameters (hidden {hidden}, {layers} layers), SFT(y) and FIT "
-        "trained from the same random initialisation with a BPE tokenizer fitted here; the paper fine-tunes 7-13B "
-        "instruction models with LoRA. A model trained from scratch knows neither feature before fine-tuning, unlike "
-        "the paper's LLMs, which already read sentiment and follow instructions.",
+        f"{TRACK_MIN:.2f} of the flipped split. The held-out family is reported, not part of the verdict (the "
+        "paper's own feature-shift results have focus(S) failing on unseen features).",
+        f"Models: a Llama of {main['n_params'] / 1e6:.2f}M parameters (hidden {hidden}, {layers} layers) with a BPE "
+        "tokenizer fitted here; the paper fine-tunes 7-13B instruction models with LoRA. To match the paper's premise "
+        "(the model already reads both features), it is first pretrained on two label-independent auxiliary tasks: "
+        f"'{SENTIMENT_PROBE}' ({pre_steps[0]} steps alone, then {pre_steps[1]} steps mixed 1:1 with the keyword "
+        f"task 'What is the <family> in the text?', answered with the keyword), on fresh records of the training "
+        f"families with the keyword independent of the sentiment (rho {PRETRAIN_RHO}) and a negation rate of "
+        f"{PRETRAIN_NEGATION} (with 0.5 the core is a pure parity and training sat at chance). Neither the "
+        "keyword->label tie nor any focus instruction is seen in pretraining. SFT(y) and FIT both start from that "
+        "one checkpoint with the same schedule.",
         f"Data: {n_train} training records (rho = {sp.TRAIN_RHO}), families {', '.join(sp.TRAIN_FAMILIES)}; "
         f"{n_test} records per test split; held-out family {', '.join(sp.HELDOUT_FAMILIES)} "
-        f"(keywords {', '.join(sp.FAMILIES[sp.HELDOUT_FAMILIES[0]])}) never appears in training. Core: one sentiment "
-        f"word, negated by 'not' with probability {sp.NEGATION} (the label is then the opposite polarity), so the "
-        "core label is an XOR of two tokens as the notes' CPU test asks; the control drops the negation.",
-        f"Training: TRL SFTTrainer, completion-only loss, {steps} steps ({control_steps} in the control) of "
-        f"{cfg.batch_size}, lr {cfg.lr}, "
+        f"(keywords {', '.join(sp.FAMILIES[sp.HELDOUT_FAMILIES[0]])}) never appears in pretraining or training. Core: "
+        f"one sentiment word, negated by 'not' with probability {sp.NEGATION} in the FIT/SFT and test data (the label "
+        "is then the opposite polarity), so the core label is an XOR of two tokens as the notes' CPU test asks.",
+        f"Training: TRL SFTTrainer, completion-only loss, lr {lr}, batch {cfg.batch_size}; fine-tuning {steps} steps, "
         + ("no early stopping (quick mode)." if cfg.eval_every == 0 else
            f"early stopping on validation cross-entropy every {cfg.eval_every} steps (patience {cfg.patience}, "
-           "best weights kept), as the paper."),
+           "best weights kept), as the paper.")
+        + " FIT draws its six focus types uniformly per example (the paper's mixture weights are unverified).",
         "Splits: co-occurrence P(y = y_S) is 0.9 (iid), 1.0 (high), 0.5 (low), 0.0 (flipped), exact per split; "
         "the paper's exact test rates are unverified (see lmforge/data/spurious.py).",
         "On the flipped split (binary labels, y != y_S on every record) agreement with y and with y_S sum to 1, so "
         "a row at 0 for a y-type instruction means the model answered with the keyword's label every time. "
         "'Steerability' is the share of flipped records answered with y under focus(C)+ignore(S) minus the share "
-        "under focus(S): 1 when the instruction alone decides which feature is read, 0 when it changes nothing "
-        "(the model reads one feature whatever it is told).",
-        f"Why steering is hard to learn from scratch: the focus label depends on the instruction only on records "
-        f"where y != y_S, a share 1 - rho = {1 - sp.TRAIN_RHO:.0%} of the training set; on the rest every instruction "
-        "has the same answer. The paper's instruction-tuned LLMs already map 'focus on X' to their own features; a "
-        "model trained from scratch must learn the mapping from that thin signal."
-        + (" In this run it did not: FIT's answers barely depend on the instruction in either arm (steerability "
-           f"{steer(table):.2f} and {steer(ct):.2f})." if max(abs(steer(table)), abs(steer(ct))) < 0.2 else ""),
+        "under focus(S): 1 when the instruction alone decides which feature is read, 0 when it changes nothing.",
+        "The earlier version trained both models from scratch (no pretraining) and reported a one-token-core "
+        "control; with the pretraining stage the budget no longer affords the control arm, so it is dropped.",
+        f"Why steering is hard to learn here: the focus label depends on the instruction only on records where "
+        f"y != y_S, a share 1 - rho = {1 - sp.TRAIN_RHO:.0%} of the training set; on the rest every instruction has "
+        "the same answer. Whichever feature the checkpoint reads more easily when fine-tuning starts answers most "
+        "instructions, unless FIT learns the instruction-dependent routing from that thin signal."
+        + (" In this run the pretrained checkpoint already read the core (sentiment task "
+           f"{pf['sentiment']:.2f} on flipped), so SFT(y) read it too and did not collapse (flipped "
+           f"{table['sft']['flipped']:.2f}): the pressure towards the keyword shortcut that the paper's SFT "
+           "baselines show is absent from this miniature once the core is pre-learned."
+           if pf["sentiment"] >= 0.9 and not checks["SFT(y) collapses on flipped"] else "")
+        + (f" Under focus(S) FIT's answers barely differ from those under focus(C)+ignore(S) (steerability "
+           f"{steer(table):.2f}); focus(S)+ignore(C) answers y_S on {table['fit:focus_s_ignore_c']['flipped']:.2f} "
+           "of flipped." if abs(steer(table)) < 0.2 else ""),
     ]
     if opts.quick:
-        notes.append("Quick mode: 30 steps on 800 records and 32 records per split; the models have barely "
-                     "started to learn, so the verdict is not meaningful.")
+        notes.append(f"Quick mode: {pre_steps} pretraining steps, {steps} fine-tuning steps on {n_train} records and "
+                     f"{n_test} records per split; the models have barely started to learn, so the verdict is not "
+                     "meaningful.")
     return ClaimResult(
         name="fit", title=TITLE,
         claim=("Fine-tuned with focus instructions, a model told to focus on the core feature and ignore the spurious "
@@ -263,21 +359,21 @@ def run(opts: ReproduceOptions) -> ClaimResult:
                "collapses; told to focus on the spurious feature, it follows the spurious feature's label."),
         paper=PAPER, measured=measured, held=held,
         tables=[
-            Table("Focus accuracy per split, XOR core (the verdict's arm). SFT(y) answers its plain prompt; FIT rows "
-                  "are the six focus instructions (focus label y, or y_S for the focus(S) rows).",
-                  ["method", *SPLITS], main_rows),
-            Table("Focus accuracy on the held-out family (name and keywords unseen in training), XOR core.",
+            Table("Focus accuracy per split, XOR core (the verdict). SFT(y) answers its plain prompt; FIT rows "
+                  "are the six focus instructions (focus label y, or y_S for the focus(S) rows). Both start from "
+                  "the same pretrained checkpoint.", ["method", *SPLITS], main_rows),
+            Table("Focus accuracy on the held-out family (name and keywords unseen in pretraining and training).",
                   ["method", *[f"heldout-{s}" for s in SPLITS]], held_rows),
-            Table("Which label the predictions follow on the flipped splits (share equal to y, share equal to y_S), "
-                  "XOR core.",
+            Table("Which label the predictions follow on the flipped splits (share equal to y, share equal to y_S).",
                   ["method", "flipped: = y", "flipped: = y_S", "heldout-flipped: = y", "heldout-flipped: = y_S"],
                   follow_rows),
-            Table("Control: the same with a one-token core (no negation); focus accuracy per split and on the "
-                  "held-out family's flipped split.", ["method", *SPLITS, "heldout-flipped"], control_rows),
+            Table("The pretrained checkpoint before SFT/FIT: accuracy on the auxiliary tasks and share of the task "
+                  "prompt answered with y, per split.", ["probe", *SPLITS], pre_rows),
+            Table("The auxiliary tasks on the flipped split before and after fine-tuning (what each fine-tuning "
+                  "kept of the pretrained features).", ["checkpoint", *probe_names.values()], forget_rows),
         ],
         figures=[Figure(str(f1), "Focus accuracy per split on the training families (XOR core); dashed: chance."),
-                 Figure(str(f2), "Focus accuracy on the held-out keyword family (XOR core)."),
-                 Figure(str(f3), "Control: focus accuracy per split with a one-token core.")],
+                 Figure(str(f2), "Focus accuracy on the held-out keyword family (XOR core).")],
         notes=notes,
         seconds=time.perf_counter() - start,
     )
