@@ -4,6 +4,7 @@ RATE (Reber et al., ICML 2025). Heavy imports stay inside the functions."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,6 +19,11 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print results as JSON on 
 
 def _emit(obj: Any) -> None:
     typer.echo(json.dumps(obj, indent=2, default=str))
+
+
+def _check_lambda(lam: float | None) -> None:
+    if lam is not None and (math.isnan(lam) or lam < 0):
+        raise UserError(f"--lambda must be a number >= 0 or inf, got {lam}")
 
 
 def _progress() -> bool:
@@ -84,6 +90,7 @@ def reward_eval(
     """Preference accuracy and Diverging-ID AUROC of a reward model on per-annotator pairs."""
     from lmforge.methods.diverging_prefs.apply import run_eval
 
+    _check_lambda(lam)
     result = run_eval(reward_model, data, fmt=data_format, lam=lam, dev_data=dev_data, limit=limit)
     if as_json:
         _emit(result)
@@ -122,19 +129,21 @@ def reward_judge(
     Reports how often the judge picks a winner on high-agreement vs diverging pairs, and the same
     after dropping the pairs a reward model scores as most likely diverging.
     """
-    import math
-
     from lmforge.methods.diverging_prefs.data import load_pairs
     from lmforge.methods.diverging_prefs.heads import load_reward_model
     from lmforge.methods.diverging_prefs.judge import filter_diverging, judge_pairs, judge_report
     from lmforge.methods.diverging_prefs.train import divergence_scores, predict
 
+    _check_lambda(lam)
+    if not 0.0 <= drop_fraction < 1.0:
+        raise UserError(f"--drop-fraction must lie in [0, 1), got {drop_fraction}")
     pairs = load_pairs(data, data_format, limit=limit)
+    # The reward model is loaded before the judge runs: a bad path must not cost every judge call.
+    net, cfg = load_reward_model(reward_model) if reward_model is not None else (None, None)
     client = _chat_client(judge, base_url, api_key_env, 0.0, max_tokens)
     verdicts = judge_pairs(client, pairs, max_tokens=max_tokens)
     kept = None
-    if reward_model is not None:
-        net, cfg = load_reward_model(reward_model)
+    if net is not None:
         oa, ob = predict(net, pairs, cfg)
         div = divergence_scores(oa, ob, cfg, lam if lam is not None else (math.inf if cfg.head == "meanvar" else None))
         kept, _ = filter_diverging(pairs, div, drop_fraction=drop_fraction)

@@ -232,7 +232,7 @@ def run(opts: ReproduceOptions) -> ClaimResult:
         "built-in rule), opens with 'Certainly!' and half the time inserts a filler word; the true effect is the "
         "reward change from swapping only the sentiment words.",
         "Standard errors are paired for every rewrite estimate (the official code uses the unpaired formula for "
-        "RATE's); the naive SE is Welch's.",
+        "ATT and ATU, single-rewrite and RATE alike, and the paired one for ATE); the naive SE is Welch's.",
     ]
     if opts.quick:
         notes.append(f"Quick mode: 3 sweep points, {n_seeds} seeds of {n_units} units, {text_seeds} text seeds.")

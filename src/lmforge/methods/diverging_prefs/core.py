@@ -116,6 +116,33 @@ def interval_probs(delta_mu: torch.Tensor, sd: torch.Tensor, cuts: tuple[float, 
     return (full[..., 1:] - full[..., :-1]).clamp_min(0.0)
 
 
+def log_interval_probs(delta_mu: torch.Tensor, sd: torch.Tensor,
+                       cuts: tuple[float, float] = (0.5, 1.5)) -> torch.Tensor:
+    """log P(d in each label interval), computed in log space (same order as :func:`interval_probs`).
+
+    Φ(b) − Φ(a) as a float difference is 0 once an interval is far in a tail (Δμ = 2, sd 0.4 is
+    enough in float32), and the log of a clamped 0 has no gradient: a confidently wrong model could
+    never be pulled back. Here each interval is log Φ(b) + log(1 − exp(log Φ(a) − log Φ(b))) on the
+    side where both CDFs are small (the upper tail uses Φ(−a) − Φ(−b)), so the log-probability and its
+    gradient stay finite far into the tails.
+    """
+    c0, c1 = cuts
+    # NOTE: the open ends are +-1e4 rather than +-inf: log Φ(+-1e4/sd) is exactly 0 or a finite,
+    # hugely negative number, which gives the same values while keeping the unused branch of each
+    # torch.where finite (an infinite z there makes the gradient 0 * inf = nan).
+    far = 1e4
+    lo = torch.tensor([-far, -c1, -c0, c0, c1], dtype=delta_mu.dtype, device=delta_mu.device)
+    hi = torch.tensor([-c1, -c0, c0, c1, far], dtype=delta_mu.dtype, device=delta_mu.device)
+    za = (lo - delta_mu.unsqueeze(-1)) / sd.unsqueeze(-1)
+    zb = (hi - delta_mu.unsqueeze(-1)) / sd.unsqueeze(-1)
+    upper = za > 0  # both bounds above the mean: use the survival side, Φ(−a) − Φ(−b)
+    big = torch.where(upper, torch.special.log_ndtr(-za), torch.special.log_ndtr(zb))
+    small = torch.where(upper, torch.special.log_ndtr(-zb), torch.special.log_ndtr(za))
+    # log(1 − exp(x)) for x = small − big ≤ 0 (an open end gives x ≈ −5e7/sd², i.e. log 1 = 0).
+    x = (small - big).clamp(max=-1e-30)
+    return big + torch.where(x > -0.693, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+
+
 def meanvar_kl_loss(
     mu_a: torch.Tensor,
     sigma_a: torch.Tensor,
@@ -127,9 +154,11 @@ def meanvar_kl_loss(
     eps: float = 1e-8,
 ) -> torch.Tensor:
     """Mean over pairs of KL(hist ‖ interval_probs(μ_A − μ_B, sd)); terms with hist = 0 count 0."""
-    p = interval_probs(mu_a - mu_b, difference_sd(sigma_a, sigma_b, rho), cuts)
-    h = hist.to(p.dtype)
-    terms = torch.where(h > 0, h * (torch.log(h.clamp_min(eps)) - torch.log(p.clamp_min(eps))), torch.zeros_like(h))
+    log_p = log_interval_probs(mu_a - mu_b, difference_sd(sigma_a, sigma_b, rho), cuts)
+    h = hist.to(log_p.dtype)
+    # Terms with h = 0 are 0; masking log_p too keeps a -inf there from making 0 * inf = nan.
+    terms = torch.where(h > 0, h * (torch.log(h.clamp_min(eps)) - torch.where(h > 0, log_p, torch.zeros_like(log_p))),
+                        torch.zeros_like(h))
     return terms.sum(-1).mean()
 
 

@@ -186,5 +186,7 @@ def evaluate(model: nn.Module, pairs: Sequence[PreferencePair], cfg: DivergingPr
     if any(core.is_substantially_diverging(ls) for ls in labels):
         result["substantial_diverging_id_auroc"] = core.diverging_id_auroc(div, labels, substantial=True)
     if cfg.head == "meanvar":
-        result["lambda"] = lam
+        # JSON has no infinity: lambda = inf (sigma alone) is written as the string "inf", which
+        # `--lambda inf` and float() read back.
+        result["lambda"] = "inf" if lam is not None and math.isinf(lam) else lam
     return result

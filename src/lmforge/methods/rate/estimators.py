@@ -15,9 +15,10 @@ With W(y) ∈ {0, 1} the attribute, Re(y, w) a rewrite setting it to w and R the
 
 Standard errors: the naive estimate compares two independent groups (unpaired SE, as the official
 code). Every rewrite estimate is a mean of per-unit differences, so its SE is the paired one,
-sd(d)/√n. NOTE: the official code uses the paired SE for the single-rewrite estimates but the
-unpaired formula for RATE's; the paired SE is the right one for a mean of paired differences (it is
-what the paper's √n-consistency result is about) and is used for all of them here.
+sd(d)/√n. NOTE: the official code uses one function for single-rewrite and RATE estimates alike,
+with the unpaired formula for ATT and ATU and the paired one for ATE; the paired SE is the right one
+for a mean of paired differences (it is what the paper's √n-consistency result is about) and is
+used for all of them here.
 """
 
 from __future__ import annotations
