@@ -35,6 +35,11 @@ def check_output_dir(out: str | Path, overwrite: bool) -> Path:
     path = Path(out)
     if path.exists() and not overwrite:
         raise UserError(f"output '{path}' already exists; pass --overwrite to replace it")
+    for parent in path.parents:  # before any work: a file in the way would only fail at the end
+        if parent.exists():
+            if not parent.is_dir():
+                raise UserError(f"cannot write '{path}': '{parent}' is a file, not a folder")
+            break
     return path
 
 

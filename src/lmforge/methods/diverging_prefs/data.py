@@ -251,6 +251,8 @@ def load_pairs(path: str | os.PathLike[str], fmt: str = "auto", *, annotators: s
         UserError: a missing file, an unknown format, or a malformed record (naming its line).
     """
     p = Path(path)
+    if limit is not None and limit < 1:
+        raise UserError(f"--limit must be at least 1, got {limit}")
     if fmt not in FORMATS:
         raise UserError(f"unknown data format '{fmt}'; use one of {', '.join(FORMATS)}")
     if annotators not in ("all", "normal", "expert"):
