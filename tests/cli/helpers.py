@@ -18,3 +18,10 @@ def call(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
         code = int(exc.code or 0)
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def one_error_line(stderr: str) -> str:
+    """The single ``error: ...`` line a user mistake prints (asserts there is nothing else)."""
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), stderr
+    return lines[0]

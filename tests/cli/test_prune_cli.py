@@ -8,17 +8,9 @@ import json
 
 import pytest
 
-from tests.cli.helpers import call
+from tests.cli.helpers import call, one_error_line
 
 MODEL = "zoo:agent-small"  # 4 layers, shipped with lmforge
-
-
-
-
-def one_error_line(stderr: str) -> str:
-    lines = [ln for ln in stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), stderr
-    return lines[0]
 
 
 @pytest.mark.parametrize(

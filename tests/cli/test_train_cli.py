@@ -12,15 +12,9 @@ import torch
 from lmforge.common import trainer
 from lmforge.common.errors import UserError
 from lmforge.common.trainer import TrainJob, run_training
-from tests.cli.helpers import call
+from tests.cli.helpers import call, one_error_line
 
 MODEL = "zoo:agent-small"  # shipped with lmforge: no build in the tests
-
-
-def one_error_line(stderr: str) -> str:
-    lines = [ln for ln in stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), stderr
-    return lines[0]
 
 
 @pytest.mark.parametrize(
