@@ -75,6 +75,10 @@ def test_lmforge_roundtrip(tmp_path):
     ([{"id": "x", "prompt": "p", "response_a": "a", "response_b": "b", "labels": [1, 7]}], "lmforge", ":1: 'labels' must hold integers in -2..2"),
     ([[1, 2]], "auto", ":1: a record must be a JSON object"),
     ([{"foo": 1}], "auto", ":1: cannot tell the format"),
+    ([{"id": "x", "prompt": "p", "response_a": "a", "response_b": "b", "labels": [1], "features_a": [1.0, 2.0],
+       "features_b": [0.0, 1.0]},
+      {"id": "y", "prompt": "p", "response_a": "a", "response_b": "b", "labels": [1], "features_a": [1.0, 2.0],
+       "features_b": [0.0]}], "lmforge", ":2: a feature vector of length 1; earlier lines have 2"),
 ])
 def test_bad_records_are_one_line_errors_naming_the_line(tmp_path, records, fmt, needle):
     f = _write(tmp_path / "bad.jsonl", records)

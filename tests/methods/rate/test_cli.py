@@ -87,3 +87,18 @@ def test_rate_command_errors(tmp_path, monkeypatch, capsys, plain_rm):
     code, _, err = call(monkeypatch, capsys, "reward", "rate", "--reward-model", str(folder), "--data", str(data),
                         "--attribute", "humour", "--rewriter", "openai:gpt-4o", "--api-key-env", "NO_SUCH_KEY_ENV")
     assert code == 2 and "NO_SUCH_KEY_ENV" in err
+
+
+def test_an_mlp_reward_model_is_refused_before_any_rewrite(tmp_path):
+    """RATE scores texts: a feature-vector (MLP) reward model is refused when it is loaded, so no
+    rewrite (possibly a paid API call) is spent first."""
+    from lmforge.common.errors import UserError
+    from lmforge.methods.diverging_prefs.config import DivergingPrefsConfig
+    from lmforge.methods.diverging_prefs.heads import make_model, save_reward_model
+    from lmforge.methods.rate.apply import load_scorer
+
+    cfg = DivergingPrefsConfig(head="bt")
+    (tmp_path / "mlp").mkdir()
+    save_reward_model(make_model(cfg, in_dim=4), cfg, tmp_path / "mlp")
+    with pytest.raises(UserError, match="MLP reward model scores feature vectors"):
+        load_scorer(tmp_path / "mlp")

@@ -261,6 +261,7 @@ def load_pairs(path: str | os.PathLike[str], fmt: str = "auto", *, annotators: s
         raise UserError(f"data file '{p}' does not exist")
     pairs: list[PreferencePair] = []
     kind = None if fmt == "auto" else fmt
+    width: int | None = None
     for lineno, where, rec in json_records(p):
         if kind is None:
             try:
@@ -275,6 +276,13 @@ def load_pairs(path: str | os.PathLike[str], fmt: str = "auto", *, annotators: s
             pair = _lmforge(rec, where)
         if not pair.id:
             pair.id = f"line-{lineno}"
+        # An MLP head needs one feature width across the file: a ragged vector is this line's fault.
+        for vec in (pair.features_a, pair.features_b):
+            if vec is not None:
+                if width is None:
+                    width = len(vec)
+                elif len(vec) != width:
+                    raise UserError(f"{where}: a feature vector of length {len(vec)}; earlier lines have {width}")
         pairs.append(pair)
         if limit is not None and len(pairs) >= limit:
             break

@@ -36,9 +36,12 @@ class HFRewardScorer:
     """R(prompt, response) from a reward-model folder (:func:`lmforge.methods.diverging_prefs.heads.load_reward_model`)."""
 
     def __init__(self, spec: str | os.PathLike[str], batch_size: int = 16) -> None:
-        from lmforge.methods.diverging_prefs.heads import load_reward_model
+        from lmforge.methods.diverging_prefs.heads import MLPRewardModel, load_reward_model
 
         self.model, self.cfg = load_reward_model(spec)
+        # Refused here, before any rewrite is paid for, not at the first scoring call.
+        if isinstance(self.model, MLPRewardModel):
+            raise UserError("an MLP reward model scores feature vectors, not texts; use an HF reward model")
         self.batch_size = batch_size
         self.name = str(spec)
 
@@ -48,10 +51,8 @@ class HFRewardScorer:
     def __call__(self, prompts: Sequence[str], responses: Sequence[str]) -> np.ndarray:
         import torch
 
-        from lmforge.methods.diverging_prefs.heads import MLPRewardModel, format_text, to_outputs
+        from lmforge.methods.diverging_prefs.heads import format_text, to_outputs
 
-        if isinstance(self.model, MLPRewardModel):
-            raise UserError("an MLP reward model scores feature vectors, not texts; use an HF reward model")
         texts = [format_text(self.model.tokenizer, p, r) for p, r in zip(prompts, responses, strict=True)]
         out = []
         with torch.no_grad():
