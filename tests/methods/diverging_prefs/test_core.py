@@ -100,12 +100,16 @@ def test_pair_kinds_majority_and_soft_preference():
     np.testing.assert_allclose(core.label_histogram([[2, 2, 0, -1]]), [[0, 0.25, 0.25, 0, 0.5]])
 
 
-def test_roc_auc_matches_sklearn_with_ties():
+def test_roc_auc_is_the_pairwise_win_rate_with_ties_as_halves():
     rng = np.random.default_rng(1)
-    for _ in range(5):
-        y = rng.random(200) < 0.4
-        s = np.round(rng.normal(size=200) + y, 1)  # rounded: many ties
-        assert core.roc_auc(s, y) == pytest.approx(roc_auc_score(y, s), abs=1e-12)
+    for _ in range(3):
+        y = rng.random(60) < 0.4
+        s = np.round(rng.normal(size=60) + y, 1)  # rounded: many ties
+        pos, neg = s[y], s[~y]
+        brute = np.mean([(p > n) + 0.5 * (p == n) for p in pos for n in neg])
+        assert core.roc_auc(s, y) == pytest.approx(brute, abs=1e-12)
+    with pytest.raises(ValueError, match="one positive and one negative"):
+        core.roc_auc([0.1, 0.2], [True, True])
 
 
 def test_preference_accuracy_and_diverging_auroc_by_hand():

@@ -226,23 +226,13 @@ def class_divergence(probs_a: np.ndarray, probs_b: np.ndarray) -> np.ndarray:
 
 
 def roc_auc(scores: Sequence[float], positive: Sequence[bool]) -> float:
-    """Area under the ROC curve (Mann–Whitney U with average ranks for ties)."""
-    s = np.asarray(scores, dtype=np.float64)
+    """Area under the ROC curve (scikit-learn's ``roc_auc_score``; ties count one half)."""
+    from sklearn.metrics import roc_auc_score
+
     y = np.asarray(positive, dtype=bool)
-    n_pos, n_neg = int(y.sum()), int((~y).sum())
-    if n_pos == 0 or n_neg == 0:
+    if y.all() or not y.any():
         raise ValueError("AUROC needs at least one positive and one negative example")
-    order = np.argsort(s, kind="mergesort")
-    ranks = np.empty(len(s), dtype=np.float64)
-    sorted_s = s[order]
-    i = 0
-    while i < len(s):
-        j = i
-        while j + 1 < len(s) and sorted_s[j + 1] == sorted_s[i]:
-            j += 1
-        ranks[order[i : j + 1]] = (i + j) / 2.0 + 1.0
-        i = j + 1
-    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+    return float(roc_auc_score(y, np.asarray(scores, dtype=np.float64)))
 
 
 def preference_accuracy(margins: Sequence[float], labels: Sequence[Sequence[int]]) -> float:
