@@ -21,7 +21,6 @@ from typing import Any
 from lmforge.common.errors import UserError
 from lmforge.common.io import atomic_write_text, parse_json_lines, read_user_text
 
-REQUIRED = ("prompt", "chosen", "rejected")
 
 
 @dataclass
@@ -108,17 +107,12 @@ def load_pairs(path: str | Path, tokenizer: Any) -> list[Pair]:
     """
     from lmforge.common.generation import encode_prompt
 
-    raw = read_user_text(path, "pairs")
+    from lmforge.data.preferences import load_preferences  # the DPO-format field checks
+
     vocab = len(tokenizer)
     pairs = []
-    for lineno, rec in parse_json_lines(path, raw):
-        if not isinstance(rec, dict):
-            raise UserError(f"{path}:{lineno}: expected a JSON object with prompt, chosen, rejected")
-        for key in REQUIRED:
-            if key not in rec:
-                raise UserError(f"{path}:{lineno}: missing field '{key}'")
-            if not isinstance(rec[key], str):
-                raise UserError(f"{path}:{lineno}: field '{key}' must be a string")
+    for rec in load_preferences(path):
+        lineno = rec["line"]
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
 
         def ids(key: str, text: str, prompt: bool = False) -> list[int]:
@@ -137,8 +131,6 @@ def load_pairs(path: str | Path, tokenizer: Any) -> list[Pair]:
 
         pairs.append(Pair(rec["prompt"], rec["chosen"], rec["rejected"], ids("prompt", rec["prompt"], True),
                           ids("chosen", rec["chosen"]), ids("rejected", rec["rejected"])))
-    if not pairs:
-        raise UserError(f"{path}: no pairs")
     return pairs
 
 
