@@ -17,7 +17,7 @@ from sklearn.metrics import roc_auc_score
 from lmforge.data.preferences import _runner_up, max_digit_pairs
 from lmforge.methods.selective_dpo.core import n_selected
 from lmforge.reproduce.base import ReproduceOptions, get
-from lmforge.reproduce.selective_dpo import HELD_TAU, MARGIN, near_miss, verdict
+from lmforge.reproduce.selective_dpo import HELD_TAU, MARGIN, VERDICT_ROW, near_miss, verdict
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +62,20 @@ def test_planted_pairs_rank_near_the_top(quick):
 def test_verdict_is_the_condition_recomputed_from_the_sweep(quick):
     res, runs = quick
     sweep = runs["sweep"]
+    easiest = statistics.mean(sweep[VERDICT_ROW])
     sel = statistics.mean(sweep[f"selective tau={HELD_TAU}"])
     full = statistics.mean(sweep["DPO all (shuffled)"])
-    assert res.held == (sel > full + MARGIN) == verdict(sweep)["held"] == res.measured["condition met"]
-    assert res.measured["clean held-out preference accuracy, Selective DPO tau=0.5"] == pytest.approx(sel, abs=1e-4)
-    assert res.measured["clean held-out preference accuracy, DPO on all pairs"] == pytest.approx(full, abs=1e-4)
-    assert res.measured["gain (absolute accuracy)"] == pytest.approx(sel - full, abs=2e-4)
+    assert res.held == (easiest > full + MARGIN) == verdict(sweep)["held"] == res.measured["condition met"]
+    m = res.measured
+    assert m["clean held-out preference accuracy, DPO on the easiest 50% (shuffled)"] == pytest.approx(easiest, abs=1e-4)
+    assert m["clean held-out preference accuracy, DPO on all pairs"] == pytest.approx(full, abs=1e-4)
+    assert m["gain (absolute accuracy)"] == pytest.approx(easiest - full, abs=2e-4)
+    assert m["clean held-out preference accuracy, Selective DPO tau=0.5 (easy to hard)"] == pytest.approx(sel, abs=1e-4)
+    assert m["gain of Selective DPO tau=0.5 (easy to hard)"] == pytest.approx(sel - full, abs=2e-4)
+    # The verdict row trains on exactly the easiest half by the saved scores (its planted share recounted).
+    k = n_selected(len(runs["kinds"]), HELD_TAU)
+    kept = [runs["kinds"][i] for i in np.argsort(np.array(runs["scores"]), kind="stable")[:k]]
+    assert runs["kept_hard"][VERDICT_ROW] == pytest.approx(sum(x != "clean" for x in kept) / k)
     # Every sweep row of the table is the saved per-seed accuracies' mean; accuracies are shares of 400 pairs.
     table = next(t for t in res.tables if t.title.startswith("tau sweep"))
     for row in table.rows[:-1]:

@@ -12,6 +12,6 @@ from lmforge.methods.selective_dpo.train import compute_difficulty, selective_dp
 from lmforge.registry import Method, register
 
 register(Method(name="selective_dpo", family="align", paper="Selective DPO: principled data selection by difficulty (ICML 2025)",
-                config_cls=SelectiveDPOConfig, entry=selective_dpo, status="implemented"))
+                config_cls=SelectiveDPOConfig, entry=selective_dpo, status="works"))
 
 __all__ = ["SelectiveDPOConfig", "compute_difficulty", "selective_dpo"]
