@@ -21,6 +21,13 @@ model than the keyword, which is one token away from the label. That asymmetry i
 keyword a shortcut, as the notes' CPU test asks. ``negation=0`` gives the easy variant (the core is
 one sentiment word), used as a control.
 
+Ambiguous texts (``ambiguity``, training and validation data only): with that probability the
+written sentiment word has the polarity opposite to the one the label implies (a sarcastic or mixed
+review whose gold label the surface phrase contradicts), so the text's core reads the label correctly
+only ``1 − ambiguity`` of the time while ``Y`` stays the gold label. Test splits are never
+ambiguous. The paper's SS data is binarised SST-5, whose sentiment is not perfectly readable from
+the text; ``ambiguity = 0`` (the default) is the DGP above exactly.
+
 Splits, by co-occurrence ``ρ = P(Y = y_S)`` (``y_S`` always from the *training* ties):
 ``iid`` ρ = the training ρ (0.9), ``high`` ρ = 1, ``low`` ρ = 0.5 (independent), ``flipped``
 ρ = 0 (every keyword appears with the label it was *not* tied to in training).
@@ -34,7 +41,7 @@ Families: ``fruit``, ``animal`` and ``colour`` are seen in training; ``tool`` is
 and keywords never appear in training), to test focus instructions on an unseen feature. Records::
 
     {"text": str, "label": "positive"|"negative", "sentiment": str, "keyword": str, "family": str,
-     "keyword_label": str, "negated": bool}
+     "keyword_label": str, "negated": bool, "ambiguous": bool}
 
 Checked first: no dataset library ships a spurious-keyword generator (``datasets`` loads SS from
 the Hub, which is out of reach here), so the generator is written here.
@@ -87,17 +94,24 @@ def other(label: str) -> str:
 
 
 def example(rng: random.Random, rho: float, families: tuple[str, ...] = TRAIN_FAMILIES,
-            n_fillers: tuple[int, int] = (3, 6), negation: float = NEGATION) -> dict[str, Any]:
-    """One record drawn from the DGP with co-occurrence ``rho`` over ``families``."""
+            n_fillers: tuple[int, int] = (3, 6), negation: float = NEGATION, ambiguity: float = 0.0) -> dict[str, Any]:
+    """One record drawn from the DGP with co-occurrence ``rho`` over ``families``; with probability
+    ``ambiguity`` the written phrase contradicts the label (``"ambiguous": True``)."""
     if not 0.0 <= rho <= 1.0:
         raise ValueError(f"rho must be in [0, 1], got {rho}")
+    if not 0.0 <= ambiguity <= 1.0:
+        raise ValueError(f"ambiguity must be in [0, 1], got {ambiguity}")
     family = rng.choice(families)
     keyword = rng.choice(FAMILIES[family])
     y_s = keyword_label(keyword)
     label = y_s if rng.random() < rho else other(y_s)
     negated = rng.random() < negation
+    # Drawn only when asked for, so that ambiguity 0 leaves the random stream (and every split) as before.
+    ambiguous = ambiguity > 0 and rng.random() < ambiguity
+    # The polarity the phrase expresses: the label's, or its opposite in an ambiguous text.
+    phrase_label = other(label) if ambiguous else label
     # "not <word>" has the opposite polarity of <word>.
-    word_polarity = other(label) if negated else label
+    word_polarity = other(phrase_label) if negated else phrase_label
     word = rng.choice(POSITIVE_WORDS if word_polarity == LABELS[0] else NEGATIVE_WORDS)
     phrase = [NEGATOR, word] if negated else [word]
     words = [rng.choice(FILLERS) for _ in range(rng.randint(*n_fillers))]
@@ -110,11 +124,11 @@ def example(rng: random.Random, rho: float, families: tuple[str, ...] = TRAIN_FA
         j += 1
     words.insert(j, keyword)
     return {"text": " ".join(words), "label": label, "sentiment": " ".join(phrase), "keyword": keyword,
-            "family": family, "keyword_label": y_s, "negated": negated}
+            "family": family, "keyword_label": y_s, "negated": negated, "ambiguous": ambiguous}
 
 
 def make_split(seed: int | str, n: int, rho: float, families: tuple[str, ...] = TRAIN_FAMILIES,
-               exact: bool = True, negation: float = NEGATION) -> list[dict[str, Any]]:
+               exact: bool = True, negation: float = NEGATION, ambiguity: float = 0.0) -> list[dict[str, Any]]:
     """``n`` records with co-occurrence ``rho``.
 
     Args:
@@ -125,24 +139,28 @@ def make_split(seed: int | str, n: int, rho: float, families: tuple[str, ...] = 
         exact: make the count of agreeing records exactly ``round(rho * n)`` (a shuffled fixed
             allocation instead of independent draws), so that test splits sit at their nominal rate.
         negation: probability that the sentiment word is negated (0 makes the core one token).
+        ambiguity: probability that the written phrase contradicts the label (see the module).
     """
     rng = random.Random(f"lmforge-spurious:{seed}")
     if not exact:
-        return [example(rng, rho, families, negation=negation) for _ in range(n)]
+        return [example(rng, rho, families, negation=negation, ambiguity=ambiguity) for _ in range(n)]
     k = round(rho * n)
     agree = [True] * k + [False] * (n - k)
     rng.shuffle(agree)
     # rho 1.0 / 0.0 per record realises the allocation exactly.
-    return [example(rng, 1.0 if a else 0.0, families, negation=negation) for a in agree]
+    return [example(rng, 1.0 if a else 0.0, families, negation=negation, ambiguity=ambiguity) for a in agree]
 
 
 def suite(seed: int, n_train: int, n_test: int, train_rho: float = TRAIN_RHO, n_val: int = 0,
-          negation: float = NEGATION) -> dict[str, list[dict[str, Any]]]:
+          negation: float = NEGATION, ambiguity: float = 0.0) -> dict[str, list[dict[str, Any]]]:
     """The training set, a validation set drawn like it (``n_val`` records), the four test splits on
     the training families and the same four on the held-out family (``heldout-iid``, ...). Every
-    split has its own seed stream."""
-    out = {"train": make_split(f"{seed}:train", n_train, train_rho, TRAIN_FAMILIES, exact=False, negation=negation),
-           "val": make_split(f"{seed}:val", n_val, train_rho, TRAIN_FAMILIES, exact=False, negation=negation)}
+    split has its own seed stream; ``ambiguity`` applies to the training and validation sets only,
+    so the test splits do not depend on it."""
+    out = {"train": make_split(f"{seed}:train", n_train, train_rho, TRAIN_FAMILIES, exact=False, negation=negation,
+                               ambiguity=ambiguity),
+           "val": make_split(f"{seed}:val", n_val, train_rho, TRAIN_FAMILIES, exact=False, negation=negation,
+                             ambiguity=ambiguity)}
     for name, rho in SPLIT_RHO.items():
         r = train_rho if name == "iid" else rho
         out[name] = make_split(f"{seed}:{name}", n_test, r, TRAIN_FAMILIES, negation=negation)

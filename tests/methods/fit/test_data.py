@@ -104,6 +104,29 @@ def test_record_is_consistent_with_its_text():
         assert r["label"] == (sp.other(pol) if neg else pol)
 
 
+def test_ambiguous_texts_contradict_their_label_and_leave_the_rest_alone():
+    rng = random.Random(1)
+    recs = [sp.example(rng, 0.9, negation=0.5, ambiguity=0.25) for _ in range(4000)]
+    share = sum(r["ambiguous"] for r in recs) / len(recs)
+    assert abs(share - 0.25) < 5 * math.sqrt(0.25 * 0.75 / 4000)
+    for r in recs:
+        words = r["text"].split()
+        idx = [i for i, w in enumerate(words) if w in sp.POSITIVE_WORDS + sp.NEGATIVE_WORDS]
+        pol = "positive" if words[idx[0]] in sp.POSITIVE_WORDS else "negative"
+        read = sp.other(pol) if r["negated"] else pol  # the label the text's phrase expresses
+        assert (read != r["label"]) == r["ambiguous"]
+    # Ambiguity 0 is the default, and no record is then ambiguous.
+    a = sp.suite(3, 300, 40, n_val=20)
+    b = sp.suite(3, 300, 40, n_val=20, ambiguity=0.0)
+    assert a == b and not any(r["ambiguous"] for recs in a.values() for r in recs)
+    # Ambiguity touches the training and validation sets only; the test splits are the same records.
+    c = sp.suite(3, 300, 40, n_val=20, ambiguity=0.3)
+    assert all(c[k] == a[k] for k in a if k not in ("train", "val"))
+    assert any(r["ambiguous"] for r in c["train"]) and any(r["ambiguous"] for r in c["val"])
+    with pytest.raises(ValueError):
+        sp.example(rng, 0.5, ambiguity=1.5)
+
+
 def test_heldout_family_never_in_training():
     s = sp.suite(0, 2000, 50)
     train_words = {w for r in s["train"] for w in r["text"].split()}
