@@ -78,7 +78,7 @@ def selective_dpo_cmd(
     from scipy.stats import spearmanr
 
     from lmforge.common.io import atomic_dir, atomic_write_json, atomic_write_text, check_output_dir
-    from lmforge.data.preferences import load_preferences
+    from lmforge.data.preferences import LINE_KEY, load_preferences
     from lmforge.methods.selective_dpo.config import SelectiveDPOConfig
     from lmforge.methods.selective_dpo.core import easy_to_hard
     from lmforge.methods.selective_dpo.train import selective_dpo, trl_sequential_dpo
@@ -139,7 +139,7 @@ def selective_dpo_cmd(
         tok.save_pretrained(tmp)
         lines = []
         for i, rec in enumerate(records):
-            row = {"line": rec["line"], "difficulty": float(diff_scores[i]), "rank": int(rank[i]), "kept": i in kept}
+            row = {"line": rec[LINE_KEY], "difficulty": float(diff_scores[i]), "rank": int(rank[i]), "kept": i in kept}
             if "id" in rec:
                 row["id"] = rec["id"]
             if given is None:

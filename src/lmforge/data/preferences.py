@@ -36,6 +36,8 @@ from lmforge.common.io import atomic_write_text, parse_json_lines, read_user_tex
 FIELDS = ("prompt", "chosen", "rejected")
 KINDS = ("clean", "flipped", "arbitrary")
 HARD_KINDS = ("flipped", "arbitrary")
+#: The key :func:`load_preferences` adds to each record: its line in the file.
+LINE_KEY = "_line"
 
 
 def load_preferences(path: str | Path) -> list[dict[str, Any]]:
@@ -46,8 +48,9 @@ def load_preferences(path: str | Path) -> list[dict[str, Any]]:
             are skipped.
 
     Returns:
-        The records, in file order, each with an added ``line`` (1-based line number) unless the
-        record already has one.
+        The records, in file order, each with an added ``_line`` (its 1-based line number, for
+        messages; :func:`write_preferences` drops it). A record's own fields, ``line`` included,
+        are kept as they are.
 
     Raises:
         UserError: missing or unreadable file, invalid JSON, a line that is not an object, a
@@ -65,7 +68,7 @@ def load_preferences(path: str | Path) -> list[dict[str, Any]]:
             if not isinstance(obj[key], str):
                 raise UserError(f"{path}:{line}: field '{key}' must be a string")
         rec = dict(obj)
-        rec.setdefault("line", line)
+        rec[LINE_KEY] = line
         records.append(rec)
     if not records:
         raise UserError(f"{path}: no preference pairs")
@@ -73,8 +76,10 @@ def load_preferences(path: str | Path) -> list[dict[str, Any]]:
 
 
 def write_preferences(path: str | Path, pairs: list[dict[str, Any]]) -> Path:
-    """Write ``pairs`` as JSON lines (atomically); the inverse of :func:`load_preferences`."""
-    return atomic_write_text(path, "".join(json.dumps(p) + "\n" for p in pairs))
+    """Write ``pairs`` as JSON lines (atomically); the inverse of :func:`load_preferences` (the
+    ``_line`` it adds is left out)."""
+    return atomic_write_text(path, "".join(json.dumps({k: v for k, v in p.items() if k != LINE_KEY}) + "\n"
+                                           for p in pairs))
 
 
 RULES = ("max", "min", "first", "last")

@@ -176,7 +176,15 @@ def test_loader_reads_back_and_names_bad_lines(tmp_path):
     back = load_preferences(path)
     assert [{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in back] == \
         [{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in recs]
-    assert [r["line"] for r in back] == [1, 2, 3, 4, 5]
+    assert [r["_line"] for r in back] == [1, 2, 3, 4, 5]
+    # A record's own "line" field is the user's data: kept, and not taken for the file line.
+    own = tmp_path / "own.jsonl"
+    own.write_text("\n" + json.dumps({"prompt": "a", "chosen": "b", "rejected": "c", "line": 99}) + "\n")
+    (rec,) = load_preferences(own)
+    assert rec["line"] == 99 and rec["_line"] == 2
+    # Written back, the file holds the user's fields only.
+    again = write_preferences(tmp_path / "again.jsonl", [rec])
+    assert json.loads(again.read_text()) == {"prompt": "a", "chosen": "b", "rejected": "c", "line": 99}
     bad = tmp_path / "bad.jsonl"
     lines = [json.dumps({"prompt": "a", "chosen": "b", "rejected": "c"}), "",
              json.dumps({"prompt": "a", "rejected": "c"})]

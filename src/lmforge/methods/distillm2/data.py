@@ -107,12 +107,12 @@ def load_pairs(path: str | Path, tokenizer: Any) -> list[Pair]:
     """
     from lmforge.common.generation import encode_prompt
 
-    from lmforge.data.preferences import load_preferences  # the DPO-format field checks
+    from lmforge.data.preferences import LINE_KEY, load_preferences  # the DPO-format field checks
 
     vocab = len(tokenizer)
     pairs = []
     for rec in load_preferences(path):
-        lineno = rec["line"]
+        lineno = rec[LINE_KEY]
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
 
         def ids(key: str, text: str, prompt: bool = False) -> list[int]:
