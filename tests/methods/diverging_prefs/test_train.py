@@ -135,7 +135,7 @@ def test_lm_head_reads_the_last_real_token_and_trains(nano_dir, tmp_path):
     assert format_text(model.tokenizer, "Q", "R") == "Q\nR"
 
 
-def test_seqcls_body_and_plain_reward_model_folder(nano_dir, tmp_path):
+def test_seqcls_body_and_plain_reward_model_folder(nano_dir, tmp_path, caplog):
     cfg = DivergingPrefsConfig(head="bt", epochs=2, batch_size=8)
     model = make_model(cfg, lm_spec=str(nano_dir), body="seqcls", max_length=64)
     assert model.model.config.num_labels == 1
@@ -148,6 +148,18 @@ def test_seqcls_body_and_plain_reward_model_folder(nano_dir, tmp_path):
     assert cfg2.head == "bt"
     pairs = _text_pairs(4, 2)
     np.testing.assert_allclose(predict(back, pairs, cfg2)[0].reward, predict(model, pairs, cfg)[0].reward, atol=1e-5)
+    # A 2-label classifier is read at logit 0 too, but not silently.
+    two = tmp_path / "two"
+    model.model.config.num_labels = 2
+    model.model.score = torch.nn.Linear(model.model.score.in_features, 2, bias=False)
+    model.model.save_pretrained(two, safe_serialization=True)
+    model.tokenizer.save_pretrained(two)
+    with caplog.at_level("WARNING", logger="lmforge.methods.diverging_prefs.heads"):
+        back2, _ = load_reward_model(two)
+    assert "2 labels" in caplog.text and "logit 0" in caplog.text
+    with torch.no_grad():
+        logits = back2.model(**back2.tokenizer(["x y z"], return_tensors="pt")).logits
+    assert logits.shape[-1] == 2
     # Pickle weights are refused.
     pick = tmp_path / "pickle"
     pick.mkdir()

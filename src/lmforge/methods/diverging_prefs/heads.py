@@ -20,6 +20,7 @@ safetensors weights only, no remote code, offline (:mod:`lmforge.models.load`'s 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ from torch import nn
 
 from lmforge.common.errors import UserError
 from lmforge.methods.diverging_prefs.config import DivergingPrefsConfig
+
+logger = logging.getLogger(__name__)
 
 REWARD_JSON = "reward.json"
 HEAD_WEIGHTS = "reward_head.safetensors"
@@ -274,6 +277,11 @@ def load_reward_model(spec: str | os.PathLike[str]) -> tuple[nn.Module, Divergin
         model, tok = _load_seqcls(folder)
         # NOTE: public reward models put the reward in logit 0 (num_labels = 1); with more labels we
         # still read logit 0 and say so, rather than guess a label convention.
+        n_labels = int(getattr(model.config, "num_labels", 1))
+        if n_labels > 1:
+            logger.warning("%s is a sequence classifier with %d labels, not a 1-logit reward model; its logit 0 "
+                           "is read as the reward (labels: %s)", folder, n_labels,
+                           getattr(model.config, "id2label", None))
         return SeqClsRewardModel(model, tok, select=0), DivergingPrefsConfig(head="bt")
     try:
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
