@@ -68,6 +68,8 @@ def test_fit_reproduction_quick(tmp_path: Path) -> None:
                 assert res.measured[f"[{arm}] {k}"] == v
         steer = core["flipped"] - (1 - spur["flipped"])
         assert float(res.measured[f"[{arm}] FIT steerability on flipped"]) == pytest.approx(steer, abs=2e-3)
+        added = float(res.measured[f"[{arm}] FIT focus(C)+ignore(S) minus FIT ∅ on flipped (what the instruction adds)"])
+        assert added == pytest.approx(core["flipped"] - rows["FIT ∅"]["flipped"], abs=2e-3)
 
         # Before/after table: the after-SFT task-prompt share is SFT(y)'s flipped focus accuracy (same
         # prompt, same records); FIT's ∅ prompt is the task prompt, so after FIT it equals FIT ∅ on flipped.

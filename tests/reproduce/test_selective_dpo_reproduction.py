@@ -72,7 +72,10 @@ def test_verdict_is_the_condition_recomputed_from_the_sweep(quick):
     assert m["gain (absolute accuracy)"] == pytest.approx(easiest - full, abs=2e-4)
     assert m["clean held-out preference accuracy, Selective DPO tau=0.5 (easy to hard)"] == pytest.approx(sel, abs=1e-4)
     assert m["gain of Selective DPO tau=0.5 (easy to hard)"] == pytest.approx(sel - full, abs=2e-4)
-    # The verdict row trains on exactly the easiest half by the saved scores (its planted share recounted).
+    # The verdict row trains on the very pairs Selective DPO keeps at HELD_TAU (the same planted and
+    # near-miss shares), and those are the easiest half by the saved scores (recounted by hand).
+    assert runs["kept_hard"][VERDICT_ROW] == runs["kept_hard"][f"selective tau={HELD_TAU}"]
+    assert runs["kept_near_miss"][VERDICT_ROW] == runs["kept_near_miss"][f"selective tau={HELD_TAU}"]
     k = n_selected(len(runs["kinds"]), HELD_TAU)
     kept = [runs["kinds"][i] for i in np.argsort(np.array(runs["scores"]), kind="stable")[:k]]
     assert runs["kept_hard"][VERDICT_ROW] == pytest.approx(sum(x != "clean" for x in kept) / k)

@@ -94,9 +94,12 @@ def other(label: str) -> str:
 
 
 def example(rng: random.Random, rho: float, families: tuple[str, ...] = TRAIN_FAMILIES,
-            n_fillers: tuple[int, int] = (3, 6), negation: float = NEGATION, ambiguity: float = 0.0) -> dict[str, Any]:
+            n_fillers: tuple[int, int] = (3, 6), negation: float = NEGATION, ambiguity: float = 0.0,
+            ambiguity_rng: random.Random | None = None) -> dict[str, Any]:
     """One record drawn from the DGP with co-occurrence ``rho`` over ``families``; with probability
-    ``ambiguity`` the written phrase contradicts the label (``"ambiguous": True``)."""
+    ``ambiguity`` the written phrase contradicts the label (``"ambiguous": True``). That coin is
+    tossed with ``ambiguity_rng`` when given, so the rest of the record is the same whatever the
+    ambiguity (only the sentiment word's polarity can change)."""
     if not 0.0 <= rho <= 1.0:
         raise ValueError(f"rho must be in [0, 1], got {rho}")
     if not 0.0 <= ambiguity <= 1.0:
@@ -106,8 +109,9 @@ def example(rng: random.Random, rho: float, families: tuple[str, ...] = TRAIN_FA
     y_s = keyword_label(keyword)
     label = y_s if rng.random() < rho else other(y_s)
     negated = rng.random() < negation
-    # Drawn only when asked for, so that ambiguity 0 leaves the random stream (and every split) as before.
-    ambiguous = ambiguity > 0 and rng.random() < ambiguity
+    # Drawn only when asked for, and from its own stream when one is given, so that ambiguity 0 leaves
+    # every split as before and a split drawn at two ambiguities differs only in the ambiguous records.
+    ambiguous = ambiguity > 0 and (ambiguity_rng or rng).random() < ambiguity
     # The polarity the phrase expresses: the label's, or its opposite in an ambiguous text.
     phrase_label = other(label) if ambiguous else label
     # "not <word>" has the opposite polarity of <word>.
@@ -142,13 +146,16 @@ def make_split(seed: int | str, n: int, rho: float, families: tuple[str, ...] = 
         ambiguity: probability that the written phrase contradicts the label (see the module).
     """
     rng = random.Random(f"lmforge-spurious:{seed}")
+    amb_rng = random.Random(f"lmforge-spurious-ambiguity:{seed}")
     if not exact:
-        return [example(rng, rho, families, negation=negation, ambiguity=ambiguity) for _ in range(n)]
+        return [example(rng, rho, families, negation=negation, ambiguity=ambiguity, ambiguity_rng=amb_rng)
+                for _ in range(n)]
     k = round(rho * n)
     agree = [True] * k + [False] * (n - k)
     rng.shuffle(agree)
     # rho 1.0 / 0.0 per record realises the allocation exactly.
-    return [example(rng, 1.0 if a else 0.0, families, negation=negation, ambiguity=ambiguity) for a in agree]
+    return [example(rng, 1.0 if a else 0.0, families, negation=negation, ambiguity=ambiguity, ambiguity_rng=amb_rng)
+            for a in agree]
 
 
 def suite(seed: int, n_train: int, n_test: int, train_rho: float = TRAIN_RHO, n_val: int = 0,

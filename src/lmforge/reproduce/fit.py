@@ -246,8 +246,9 @@ def run(opts: ReproduceOptions) -> ClaimResult:
 
     start = time.perf_counter()
     torch.set_num_threads(1)
-    # NOTE: 1,000 fine-tuning steps (was 400), early stopping every 100 with patience 3: at 400 FIT had only
-    # begun to route by instruction (focus(S) 0.30 on flipped); at 1,000 it answered all six right at seeds 0, 1.
+    # NOTE: 1,000 fine-tuning steps (was 400) and early-stopping patience 3 (was 2), checks every 100 steps:
+    # at 400 FIT had only begun to route by instruction (focus(S) 0.30 on flipped); at 1,000, with the clean
+    # core, it answered all six instructions right at seeds 0 and 1.
     n_train, n_test, steps = (800, 32, 30) if opts.quick else (8000, 200, 1000)
     pre_steps = (40, 40) if opts.quick else (300, 300)
     hidden, layers = 64, 2
@@ -329,18 +330,24 @@ def run(opts: ReproduceOptions) -> ClaimResult:
                 f" / {t['sft']['heldout-flipped']:.3f}",
             **{f"[{arm}] {k}": v for k, v in checks[arm].items() if k != "held"},
             f"[{arm}] FIT steerability on flipped": f"{steer(t):.3f}",
+            f"[{arm}] FIT focus(C)+ignore(S) minus FIT ∅ on flipped (what the instruction adds)":
+                f"{t['fit:focus_c_ignore_s']['flipped'] - t['fit:none']['flipped']:+.3f}",
             f"[{arm}] steps run (kept) SFT / FIT": f"{rep['sft'].steps_run} ({rep['sft'].best_step}) / "
                                                   f"{rep['fit'].steps_run} ({rep['fit'].best_step})",
         })
     measured["all three checks in one arm"] = held
+    measured["scope of this verdict"] = "this seed only; the notes give seeds 0-2"
     clean, amb = (arms[k]["table"] for k in ARMS)
     y_types = [f"fit:{k}" for k in FOCUS_TYPES if k not in ("focus_s", "focus_s_ignore_c")]
     notes = [
-        f"Condition, fixed before running for each arm: SFT(y) loses at least {COLLAPSE_DROP:.2f} focus accuracy "
+        f"Condition: per arm, SFT(y) loses at least {COLLAPSE_DROP:.2f} focus accuracy "
         f"from iid to flipped, FIT with focus(C)+ignore(S) scores at least {HOLD_MIN:.2f} on flipped and at least "
         f"{HOLD_MARGIN:.2f} above SFT(y) there, and FIT with focus(S) agrees with y_S on at least {TRACK_MIN:.2f} "
-        "of the flipped split; held iff all three hold in one arm. The held-out family is reported, not part of "
-        "the verdict (the paper's own feature-shift results have focus(S) failing on unseen features).",
+        "of the flipped split; held iff all three hold in one arm. Only these thresholds were fixed before any run "
+        "(they are the first version's); the two arms, the 10% level and the one-arm rule were designed after "
+        "runs at seed 0, so seed 0 is in-sample and the other seeds are the check. The held-out family is "
+        "reported, not part of the verdict (the paper's own feature-shift results have focus(S) failing on "
+        "unseen features).",
         f"Models: a Llama of {main['n_params'] / 1e6:.2f}M parameters (hidden {hidden}, {layers} layers) with a BPE "
         "tokenizer fitted here; the paper fine-tunes 7-13B instruction models with LoRA. To match the paper's premise "
         "(the model already reads both features), it is first pretrained on two label-independent auxiliary tasks: "
@@ -376,16 +383,24 @@ def run(opts: ReproduceOptions) -> ClaimResult:
         "not from the labels. With a clean core, the core alone fits every training label and SFT(y) reads it "
         f"(flipped {clean['sft']['flipped']:.2f}): no collapse in this arm, whatever FIT does (focus(C)+ignore(S) "
         f"{clean['fit:focus_c_ignore_s']['flipped']:.2f}, focus(S) {clean['fit:focus_s']['flipped']:.2f}, "
-        f"steerability {steer(clean):.2f}). With {ARMS['ambiguous core']:.0%} ambiguous texts the core is as "
-        f"reliable as the keyword's tie (both 90%) and SFT(y) leans on the keyword (flipped "
-        f"{amb['sft']['flipped']:.2f}); FIT's y-type answers score {min(amb[r]['flipped'] for r in y_types):.2f} "
-        f"to {max(amb[r]['flipped'] for r in y_types):.2f} on flipped, focus(S) {amb['fit:focus_s']['flipped']:.2f}.",
+        f"steerability {steer(clean):.2f}). With {ARMS['ambiguous core']:.0%} ambiguous texts the core reads the "
+        f"label {1 - ARMS['ambiguous core']:.0%} of the time and the keyword's tie {sp.TRAIN_RHO:.0%}, with "
+        "independent errors: on a flipped record the training data give SFT(y) no reason to prefer either, so "
+        "its collapse in this arm is close to built in (near chance, or below if the easier keyword wins), "
+        f"not a finding (flipped {amb['sft']['flipped']:.2f}). The test is FIT: its y-type answers score "
+        f"{min(amb[r]['flipped'] for r in y_types):.2f} to {max(amb[r]['flipped'] for r in y_types):.2f} on "
+        f"flipped (∅, no instruction, {amb['fit:none']['flipped']:.2f}; focus(C)+ignore(S) minus ∅ "
+        f"{amb['fit:focus_c_ignore_s']['flipped'] - amb['fit:none']['flipped']:+.2f}, which is what the "
+        f"instruction itself adds over FIT's training mixture), focus(S) {amb['fit:focus_s']['flipped']:.2f}.",
         "Across seeds (full runs with --seed 0 / 1 / 2, each redrawing the data and the model; written after those "
         "runs): clean core, SFT(y) on flipped 1.00 / 1.00 / 1.00, FIT focus(C)+ignore(S) 1.00 / 1.00 / 0.00, "
-        "focus(S) 1.00 / 1.00 / 1.00; ambiguous core, SFT(y) 0.60 / 0.515 / 0.235, FIT focus(C)+ignore(S) "
-        "0.895 / 0.105 / 0.00, focus(S) 1.00 / 0.755 / 1.00. All three checks hold in one arm at seed 0 only. "
-        "SFT(y)'s collapse under an ambiguous core is robust; FIT's holding on flipped is not: at seed 2 FIT "
-        "answered every instruction with the keyword's tie even with a clean core.",
+        "focus(S) 1.00 / 1.00 / 1.00; ambiguous core, SFT(y) 0.61 / 0.575 / 0.00, FIT focus(C)+ignore(S) "
+        "0.375 / 0.215 / 0.005 (FIT ∅ 0.25 / 0.31 / 0.235), focus(S) 1.00 at all three. The three checks hold "
+        "together at none: where SFT(y) collapses, FIT's y-type answers follow the keyword at least as often "
+        "as SFT(y)'s, and at seed 2 FIT answered every instruction with the keyword's tie even with a clean core. "
+        "(An earlier version of the ambiguous arm drew its ambiguous texts from the split's own random stream, "
+        "so the two arms saw different texts; there seed 0 held, 0.895 against SFT(y)'s 0.60, and seeds 1 and 2 "
+        "did not. With the texts shared across arms, as now, seed 0 does not hold either.)",
         "What the paper has that this miniature lacks: instruction-tuned LLMs for which 'ignore the fruit' already "
         "means something, a prior from pretraining that LoRA fine-tuning with early stopping does not wash out. "
         "No such model can be loaded here (nothing from a hub), and a model trained here knows of 'ignore' only "
@@ -395,10 +410,11 @@ def run(opts: ReproduceOptions) -> ClaimResult:
         "FIT focus(C)+ignore(S) 0.895, focus(S) 0.30. Exploratory runs outside this command, which made texts "
         "ambiguous by rewriting the sentiment word afterwards (seed 0): 15% gave SFT(y) 0.10 and FIT y-types 0.00 "
         "on flipped; 10% with 1,000 steps gave 0.14 and at most 0.01; a task prompt without the word "
-        "'sentiment', or the keyword always first in the text, left SFT(y) at 1.00 with a clean core. In the ambiguous arm at seeds 1 and 2, a longer "
-        "keyword pretraining (900 steps) gave FIT focus(C)+ignore(S) 0.26 / 0.26 on flipped, and an added "
-        "instruction-tuning stage (400 steps of the six instructions at rho 0.5) 0.55 / 0.53 against SFT(y)'s "
-        "0.51 / 0.66.",
+        "'sentiment', or the keyword always first in the text, left SFT(y) at 1.00 with a clean core. In the "
+        "ambiguous arm at seeds 1 and 2 (its earlier version), a longer keyword pretraining (900 steps) gave FIT "
+        "focus(C)+ignore(S) 0.26 / 0.26 on flipped; an added instruction-tuning stage (400 steps of the six "
+        "instructions at rho 0.5) 0.55 / 0.53 against SFT(y)'s 0.51 / 0.66; pretraining sentiment, then "
+        "keyword, then both (300 steps each) 0.00 / 0.39.",
     ]
     if opts.quick:
         notes.append(f"Quick mode: {pre_steps} pretraining steps, {steps} fine-tuning steps on {n_train} records and "
