@@ -20,8 +20,8 @@ scoring (argmax of the label log-likelihood).
 Two arms share the checkpoint and the test splits: a clean core (the text's sentiment always reads the
 gold label) and an ambiguous one (10% of the training texts contradict their label, so the core is as
 reliable as the keyword's tie). With the clean core SFT(y) does not collapse; with the ambiguous one it
-does, and whether FIT's focus(C)+ignore(S) answers hold there depends on the seed (the report's notes
-give seeds 0-2).
+does, but FIT's focus(C)+ignore(S) answers did not hold there at seeds 0-2 (the report's notes give
+every seed).
 """
 
 from __future__ import annotations
@@ -396,8 +396,8 @@ def run(opts: ReproduceOptions) -> ClaimResult:
         "runs): clean core, SFT(y) on flipped 1.00 / 1.00 / 1.00, FIT focus(C)+ignore(S) 1.00 / 1.00 / 0.00, "
         "focus(S) 1.00 / 1.00 / 1.00; ambiguous core, SFT(y) 0.61 / 0.575 / 0.00, FIT focus(C)+ignore(S) "
         "0.375 / 0.215 / 0.005 (FIT ∅ 0.25 / 0.31 / 0.235), focus(S) 1.00 at all three. The three checks hold "
-        "together at none: where SFT(y) collapses, FIT's y-type answers follow the keyword at least as often "
-        "as SFT(y)'s, and at seed 2 FIT answered every instruction with the keyword's tie even with a clean core. "
+        "together at none: where SFT(y) collapses, FIT focus(C)+ignore(S) does no better (0.375 vs 0.61, 0.215 "
+        "vs 0.575, 0.005 vs 0.00), and at seed 2 FIT answered every instruction with the keyword's tie even with a clean core. "
         "(An earlier version of the ambiguous arm drew its ambiguous texts from the split's own random stream, "
         "so the two arms saw different texts; there seed 0 held, 0.895 against SFT(y)'s 0.60, and seeds 1 and 2 "
         "did not. With the texts shared across arms, as now, seed 0 does not hold either.)",
