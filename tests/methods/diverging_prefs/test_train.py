@@ -157,9 +157,13 @@ def test_seqcls_body_and_plain_reward_model_folder(nano_dir, tmp_path, caplog):
     with caplog.at_level("WARNING", logger="lmforge.methods.diverging_prefs.heads"):
         back2, _ = load_reward_model(two)
     assert "2 labels" in caplog.text and "logit 0" in caplog.text
+    # The reward is the classifier's logit 0, and only that: the full logits computed here directly.
     with torch.no_grad():
         logits = back2.model(**back2.tokenizer(["x y z"], return_tensors="pt")).logits
-    assert logits.shape[-1] == 2
+        reward = back2.score(["x y z"])
+    assert logits.shape[-1] == 2 and reward.shape == (1, 1)
+    assert float(reward[0, 0]) == pytest.approx(float(logits[0, 0]), abs=1e-5)
+    assert float(logits[0, 1]) != pytest.approx(float(logits[0, 0]), abs=1e-3)
     # Pickle weights are refused.
     pick = tmp_path / "pickle"
     pick.mkdir()
