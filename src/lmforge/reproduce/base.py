@@ -99,6 +99,27 @@ class Reproduction:
 REPRODUCTIONS: dict[str, Reproduction] = {}
 
 
+def figure(*args: Any, **kwargs: Any) -> Any:
+    """``plt.subplots(*args, **kwargs)`` on matplotlib's Agg backend (no display needed): the
+    ``(fig, axes)`` of a report figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(*args, **kwargs)
+
+
+def save_figure(fig: Any, path: str | Path) -> Path:
+    """Lay out, write (PNG at 110 dpi, the reports' size) and close a report figure; returns ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
 def register_reproduction(name: str, title: str, summary: str) -> Callable[[ReproFn], ReproFn]:
     """Decorator registering ``fn`` as ``lmforge reproduce NAME``."""
 

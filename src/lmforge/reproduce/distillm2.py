@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lmforge.reproduce.base import ClaimResult, Figure, ReproduceOptions, Table, register_reproduction
+from lmforge.reproduce.base import (ClaimResult, Figure, ReproduceOptions, Table, figure, register_reproduction,
+                                   save_figure)
 
 SYMBOLS = "abcdefghijkl"
 PROMPT_LEN = 4
@@ -172,22 +173,14 @@ def _seq_stats(teacher: Any, student: Any, tok: Any, prompts: list[str], samples
 
 
 def _plot(path: Path, curves: dict[str, list[tuple[int, float]]], title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig, ax = figure(figsize=(6.4, 3.6))
     for name, pts in curves.items():
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=LABELS.get(name, name))
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("held-out sequence KL(p || q), nats")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 @register_reproduction(

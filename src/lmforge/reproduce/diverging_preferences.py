@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lmforge.reproduce.base import ClaimResult, Figure, ReproduceOptions, Table, register_reproduction
+from lmforge.reproduce.base import (ClaimResult, Figure, ReproduceOptions, Table, figure, register_reproduction,
+                                   save_figure)
 
 NAME = "diverging-preferences"
 TITLE = "Diverging Preferences: When do Annotators Disagree and do Models Know? (Zhang et al., ICML 2025)"
@@ -68,13 +69,8 @@ def _judge_responder(by_prompt: dict[str, Any]):  # noqa: ANN202
 
 
 def _plot(path: Path, rows: dict[str, dict[str, list[float]]]) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = list(rows)
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    fig, axes = figure(1, 2, figsize=(9, 3.4))
     for ax, key, title in ((axes[0], "acc", "preference accuracy (high-agreement pairs)"),
                            (axes[1], "auroc", "Diverging-ID AUROC")):
         means = [statistics.mean(rows[n][key]) for n in names]
@@ -87,10 +83,7 @@ def _plot(path: Path, rows: dict[str, dict[str, list[float]]]) -> Path:
             ax.set_ylim(0.3, 1.0)
         else:
             ax.set_ylim(0.5, 1.0)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 @register_reproduction(NAME, title=TITLE,

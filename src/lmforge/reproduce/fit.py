@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lmforge.reproduce.base import ClaimResult, Figure, ReproduceOptions, Table, register_reproduction
+from lmforge.reproduce.base import (ClaimResult, Figure, ReproduceOptions, Table, figure, register_reproduction,
+                                   save_figure)
 
 TITLE = "Focus Instruction Tuning (Lamb, Davies, Paren, Torr, Pinto; ICML 2025)"
 TASK = "Is the sentiment positive or negative?"
@@ -92,12 +93,7 @@ def verdict(table: dict[str, dict[str, float]]) -> dict[str, bool]:
 
 
 def _plot(path: Path, table: dict[str, dict[str, float]], rows: list[str], splits: list[str], title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 3.6))
+    fig, ax = figure(figsize=(8, 3.6))
     w = 0.8 / len(rows)
     for i, r in enumerate(rows):
         ax.bar([j + i * w for j in range(len(splits))], [table[r][s] for s in splits], width=w, label=r)
@@ -107,10 +103,7 @@ def _plot(path: Path, table: dict[str, dict[str, float]], rows: list[str], split
     ax.axhline(0.5, color="grey", lw=0.8, ls="--")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, ncol=3, loc="upper center")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def sentiment_probe(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lmforge.reproduce.base import ClaimResult, Figure, ReproduceOptions, Table, register_reproduction
+from lmforge.reproduce.base import (ClaimResult, Figure, ReproduceOptions, Table, figure, register_reproduction,
+                                   save_figure)
 
 MODEL = "zoo:reader-small"
 # NOTE: the paper's chunks are 5000 characters for 3B-8B local models. The reader's worker prompt is
@@ -73,12 +74,7 @@ def _fmt_share(x: float | None) -> str:
 
 
 def _plot(path: Path, summary: dict[str, Any], ceiling: dict[str, Any] | None) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = figure(figsize=(6.4, 4.0))
     for name, (x, y) in {"paper MINION": (30.4, 0.87), "paper MINIONS": (5.7, 0.979)}.items():
         ax.scatter([x], [y], marker="*", s=140, color="gray")
         ax.annotate(name, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8, color="gray")
@@ -99,10 +95,7 @@ def _plot(path: Path, summary: dict[str, Any], ceiling: dict[str, Any] | None) -
     ax.axhline(MIN_QUALITY, color="lightgray", lw=0.8, ls="--")
     ax.axvline(MIN_REDUCTION, color="lightgray", lw=0.8, ls="--")
     ax.set_title("Minions in miniature: reader-small (local) + scripted oracle (remote)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _minion_diagnostics(cells: dict[str, Any], positions: int) -> dict[str, Any]:

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from lmforge.reproduce.base import ClaimResult, Figure, ReproduceOptions, Table, register_reproduction
+from lmforge.reproduce.base import (ClaimResult, Figure, ReproduceOptions, Table, figure, register_reproduction,
+                                   save_figure)
 
 NAME = "rate"
 TITLE = "RATE: Causal Explainability of Reward Models with Imperfect Counterfactuals (Reber et al., ICML 2025)"
@@ -118,22 +119,14 @@ def _text_task(seed: int, n: int, p_long: float, scorer: Any) -> dict[str, Any]:
 
 
 def _plot(path: Path, ps: list[float], curves: dict[str, list[float]], truth: float) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig, ax = figure(figsize=(6, 3.6))
     for name, ys in curves.items():
         ax.plot(ps, ys, marker="o", label=name)
     ax.axhline(truth, color="k", ls="--", lw=0.8, label="true effect a")
     ax.set_xlabel("P(l = 1 | w = 1)  (the confound's strength)")
     ax.set_ylabel("estimated effect of w (mean over seeds)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 @register_reproduction(NAME, title=TITLE,

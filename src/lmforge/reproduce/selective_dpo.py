@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from lmforge.reproduce.base import ClaimResult, Figure, ReproduceOptions, Table, register_reproduction
+from lmforge.reproduce.base import (ClaimResult, Figure, ReproduceOptions, Table, figure, register_reproduction,
+                                   save_figure)
 
 TITLE = ("Principled Data Selection for Alignment: The Hidden Risks of Difficult Examples — Selective DPO "
          "(Gao et al., ICML 2025)")
@@ -132,12 +133,7 @@ def _auroc(labels: list[bool], scores: list[float]) -> float:
 
 def _plot_sweep(path: Path, taus: list[float], acc: dict[str, list[float]], full: list[float], ref: float,
                 random_half: list[float] | None, hard_fraction: float) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = figure(figsize=(6.4, 3.8))
     means = [statistics.mean(acc[f"selective tau={t}"]) for t in taus]
     ax.plot(taus, means, marker="o", label="Selective DPO (easiest tau, easy to hard)")
     for t in taus:
@@ -152,19 +148,11 @@ def _plot_sweep(path: Path, taus: list[float], acc: dict[str, list[float]], full
     ax.set_ylabel("clean held-out preference accuracy")
     ax.set_title(f"tau sweep: {hard_fraction:.0%} planted too-hard pairs")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _plot_difficulty(path: Path, scores: list[float], kinds: list[str]) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    fig, ax = figure(figsize=(6.4, 3.4))
     for kind, color in (("clean", "C0"), ("flipped", "C3"), ("arbitrary", "C1")):
         vals = [s for s, k in zip(scores, kinds) if k == kind]
         if vals:
@@ -172,10 +160,7 @@ def _plot_difficulty(path: Path, scores: list[float], kinds: list[str]) -> Path:
     ax.set_xlabel("difficulty = mean held-out DPO loss (3 seeds x 5 checkpoints)")
     ax.set_ylabel("pairs")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 @register_reproduction(

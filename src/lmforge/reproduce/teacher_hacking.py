@@ -21,7 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from lmforge.reproduce.base import ClaimResult, Figure, ReproduceOptions, Table, register_reproduction
+from lmforge.reproduce.base import (ClaimResult, Figure, ReproduceOptions, Table, figure, register_reproduction,
+                                   save_figure)
 
 # ------------------------------------------------------------------------------------------------
 # The condition, fixed in code before the experiment is run.
@@ -93,15 +94,11 @@ def _label(s: dict[str, Any]) -> str:
 
 
 def _plots(out: Path, runs: list[Any], teacher_golden: float) -> list[Figure]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     colors = ["tab:red", "tab:orange", "tab:brown", "tab:blue", "tab:green"]
     figs = []
-    fig, ax = plt.subplots(figsize=(6.5, 5))
+    fig, ax = figure(figsize=(6.5, 5))
     for r, c in zip(runs, colors):
         s = r.summary()
         ax.plot(r.curve.proxy, r.curve.golden, "-o", ms=3, color=c, label=_label(s))
@@ -113,13 +110,11 @@ def _plots(out: Path, runs: list[Any], teacher_golden: float) -> list[Figure]:
     ax.set_title("Proxy vs golden (training runs right to left)")
     ax.legend(fontsize=7)
     p = out / "teacher_hacking_proxy_vs_golden.png"
-    fig.tight_layout()
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
+    save_figure(fig, p)
     figs.append(Figure(str(p), "Golden against proxy metric per data regime; offline runs bend back up (U), "
                                 "online runs do not."))
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = figure(1, 3, figsize=(15, 4.2))
     for r, c in zip(runs, colors):
         s = r.summary()
         steps = np.maximum(np.array(r.curve.steps), 1)
@@ -135,9 +130,7 @@ def _plots(out: Path, runs: list[Any], teacher_golden: float) -> list[Figure]:
     for a in axes:
         a.legend(fontsize=7)
     p = out / "teacher_hacking_curves.png"
-    fig.tight_layout()
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
+    save_figure(fig, p)
     figs.append(Figure(str(p), "Proxy and golden metrics over training steps, and the detector's power-law fit."))
     return figs
 

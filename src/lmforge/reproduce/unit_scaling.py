@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lmforge.reproduce.base import ClaimResult, Figure, ReproduceOptions, Table, register_reproduction
+from lmforge.reproduce.base import (ClaimResult, Figure, ReproduceOptions, Table, figure, register_reproduction,
+                                   save_figure)
 
 TITLE = "µnit Scaling: Simple and Scalable FP8 LLM Training (Narayan et al., ICML 2025)"
 # Verdict thresholds, fixed before any run.
@@ -107,12 +108,7 @@ def verdict(sweep: dict[str, Any], fp8: dict[str, Any]) -> dict[str, Any]:
 
 
 def _plot_sweep(path: Path, sweep: dict[str, Any], opt: dict[str, list[float]]) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    fig, axes = figure(1, 2, figsize=(9, 3.6))
     for ax, kind, title in ((axes[0], "mus", "µS (hidden LR = η·sqrt(d_base/d))"), (axes[1], "sp", "SP (Llama default init)")):
         for w, o in zip(sweep["widths"], opt[kind]):
             ys = [v if v == v else float("nan") for v in sweep["loss"][kind][str(w)]]
@@ -123,19 +119,11 @@ def _plot_sweep(path: Path, sweep: dict[str, Any], opt: dict[str, list[float]]) 
         ax.set_ylabel("held-out loss (nats/char)")
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _plot_fp8(path: Path, curves: dict[str, list[float]]) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    fig, ax = figure(figsize=(7, 3.6))
     for name, c in curves.items():
         k = 10  # running mean for legibility
         sm = [sum(c[max(0, i - k + 1):i + 1]) / len(c[max(0, i - k + 1):i + 1]) for i in range(len(c))]
@@ -144,10 +132,7 @@ def _plot_fp8(path: Path, curves: dict[str, list[float]]) -> Path:
     ax.set_ylabel("training loss (running mean of 10)")
     ax.set_title("fp32 vs simulated FP8 (static casts)", fontsize=9)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 @register_reproduction(

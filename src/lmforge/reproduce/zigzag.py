@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lmforge.reproduce.base import ClaimResult, Figure, ReproduceOptions, Table, register_reproduction
+from lmforge.reproduce.base import (ClaimResult, Figure, ReproduceOptions, Table, figure, register_reproduction,
+                                   save_figure)
 
 MODEL = "zoo:agent-deep"
 REMOVE = 2  # of 12 blocks: 17%, inside the 10-20%
@@ -74,12 +75,7 @@ def _lite_score(caps: dict[str, Any]) -> float | None:
 
 
 def _plot_scores(path: Path, records: dict[str, dict[str, Any]]) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    fig, ax = figure(figsize=(7, 3.6))
     for name, rec in records.items():
         s = rec["scores"]
         lo, hi = min(s), max(s)
@@ -89,10 +85,7 @@ def _plot_scores(path: Path, records: dict[str, dict[str, Any]]) -> Path:
     ax.set_ylabel("score, min-max normalised (higher = more removable)")
     ax.set_title("agent-deep: removability of each block by criterion")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 @register_reproduction(
