@@ -1,15 +1,24 @@
-"""``lmforge train``: causal-LM training of a local model with lmforge's optimizers and parametrizations.
+"""``lmforge train``: causal-LM training of a local model with pluggable optimizers and parametrizations.
 
-One small loop, shared by the CLI and the efficient-training methods:
+One small loop, shared by the CLI and the efficient-training methods. The optimizer and the
+parametrization are plug-ins looked up by name, so this engine knows no method (the layering rule,
+``tests/test_layering.py``):
 
-* ``--optimizer adamw`` (torch's AdamW), or a linear gradient transformation that keeps its state in
-  a small space (:mod:`lmforge.methods.grad_transforms`: ``galore`` SVD projector with a periodic
-  refresh, ``sketch`` Gaussian and ``orthogonal`` random sketches, ``kron`` two-sided map);
-* ``--parametrization mus`` re-initialises the model under µnit Scaling
-  (:mod:`lmforge.methods.unit_scaling`: Res-Post-LayerNorm with a fixed τ, unit-variance weights,
-  1/√fan_in multipliers, Lion with the hidden learning rate scaled by √(d_base/d)); ``--fp8`` then
-  casts every hidden linear to FP8 statically (E4M3 forward, E5M2 gradients) and counts
-  underflows and overflows.
+* ``--optimizer NAME`` picks an :class:`OptimizerFactory`: ``adamw`` (torch's AdamW) is built in; a
+  method registers more with :func:`register_optimizer` (the linear gradient transformations
+  register ``galore``, ``sketch``, ``orthogonal`` and ``kron``, whose state lives in a rank-r space
+  and which therefore need ``--rank``);
+* ``--parametrization NAME`` picks a :class:`Parametrization`: ``sp`` (the model as it is) is built
+  in; a method registers more with :func:`register_parametrization` (µnit Scaling registers
+  ``mus``: it re-initialises the model, brings its own optimizer, saves its own folder format and
+  offers an FP8 mode, ``--fp8``, with underflow and overflow counters).
+
+A folder a parametrization saved is recognised by the ``model_type`` in its ``config.json`` (one
+transformers does not know) and handed back to that parametrization to load. A name, or such a model
+type, that is not registered yet makes the trainer import every method package once
+(:func:`lmforge.registry.load_all`), so each registers its plug-ins; a name still unknown then is a
+one-line :class:`~lmforge.common.errors.UserError`. Plain ``adamw``/``sp`` runs on a standard model
+import no method.
 
 The data is a local text file in the formats :func:`lmforge.data.calibration.read_texts` reads
 (``.jsonl`` with a ``text`` field, ``.json``, or plain text), or lmforge's built-in corpus. Texts are
@@ -49,9 +58,6 @@ from lmforge.common.errors import UserError
 from lmforge.common.io import atomic_dir, atomic_write_json, check_output_dir
 from lmforge.common.progress import make_progress
 
-OPTIMIZERS = ("adamw", "galore", "sketch", "orthogonal", "kron")
-PARAMETRIZATIONS = ("sp", "mus")
-
 
 @dataclass
 class TrainJob:
@@ -65,12 +71,14 @@ class TrainJob:
             cosine decay to ``min_lr_ratio * lr``).
         weight_decay: decoupled weight decay.
         clip: gradient-norm clipping (0: off).
-        optimizer: one of :data:`OPTIMIZERS`.
+        optimizer: the name of a registered :class:`OptimizerFactory` (``adamw`` built in).
         rank, refresh, scale: the projected optimizers' rank, projector refresh interval in steps,
             and GaLore's update scale α.
-        parametrization: ``sp`` keeps the model as it is; ``mus`` re-initialises it under µS.
+        parametrization: the name of a registered :class:`Parametrization`: ``sp`` (built in) keeps
+            the model as it is; ``mus`` (µnit Scaling's) re-initialises it under µS.
         tau: µS's residual mixing τ (None: the method's default for the depth).
-        fp8: µS only: simulated (or, on CUDA, real) FP8 hidden linears with static casts.
+        fp8: the parametrization's FP8 mode (µS: simulated, or on CUDA real, FP8 hidden linears
+            with static casts).
         seed: seeds the windows and any random projection.
         ckpt_every: steps between checkpoints (0: none).
         overwrite: replace an existing ``out``.
@@ -102,10 +110,8 @@ class TrainJob:
     trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
-        if self.optimizer not in OPTIMIZERS:
-            raise UserError(f"unknown optimizer '{self.optimizer}'; choose one of {', '.join(OPTIMIZERS)}")
-        if self.parametrization not in PARAMETRIZATIONS:
-            raise UserError(f"unknown parametrization '{self.parametrization}'; choose sp or mus")
+        opt = get_optimizer(self.optimizer)
+        par = get_parametrization(self.parametrization)
         if self.steps < 1:
             raise UserError(f"--steps must be at least 1, got {self.steps}")
         if not self.lr > 0:
@@ -118,22 +124,20 @@ class TrainJob:
                 raise UserError(f"{flag} must be >= 0, got {value}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise UserError(f"--min-lr-ratio must lie in [0, 1], got {self.min_lr_ratio}")
-        if self.optimizer != "adamw":
+        if opt.projected:
             if self.rank is None:
                 raise UserError(f"--optimizer {self.optimizer} needs --rank (the projected dimension)")
             if self.rank < 1:
                 raise UserError(f"--rank must be a positive integer, got {self.rank}")
             if self.refresh <= 0:
                 raise UserError(f"the refresh interval must be a positive number of steps, got {self.refresh}")
-        if self.fp8 and self.parametrization != "mus":
-            # The model-level check (enable_fp8) says the same for a loaded model; failing here
-            # saves loading it.
-            raise UserError("--fp8 needs --parametrization mus: the casts are static (no scale factors), so "
-                            "values stay inside FP8's range only when weights, activations and gradients are "
-                            "unit-scaled, which µS guarantees and the standard parametrization does not")
-        if self.parametrization == "mus" and self.optimizer != "adamw":
-            raise UserError("--parametrization mus trains with its own optimizer (Lion, per-layer learning "
-                            "rates); leave --optimizer at adamw")
+        if self.fp8 and par.fp8 is None:
+            # The model-level check (the parametrization's enable) says the same for a loaded model;
+            # failing here saves loading it.
+            raise UserError(_fp8_refusal())
+        if par.optimizer is not None and self.optimizer != "adamw":
+            raise UserError(f"--parametrization {par.name} trains with its own optimizer ({par.optimizer_note}); "
+                            "leave --optimizer at adamw")
 
     def key(self) -> str:
         """A digest of everything that decides the trajectory (a checkpoint resumes only its own job)."""
@@ -155,6 +159,188 @@ class TrainResult:
     fp8: dict[str, Any] | None = None
     seconds: float = 0.0
     resumed_from: int = 0
+
+
+# ------------------------------------------------------------------------------------------ plug-ins
+
+
+@dataclass(frozen=True)
+class OptimizerFactory:
+    """An optimizer ``lmforge train --optimizer NAME`` can build.
+
+    Attributes:
+        name: the ``--optimizer`` value.
+        build: ``build(job, model)`` -> the optimizer over ``model``'s trainable parameters, at the
+            peak learning rate ``job.lr`` (the loop scales every group's lr by the schedule).
+        projected: its state lives in a rank-r space: the job needs ``--rank`` (>= 1) and a positive
+            ``--refresh``.
+    """
+
+    name: str
+    build: Callable[[TrainJob, torch.nn.Module], torch.optim.Optimizer]
+    projected: bool = False
+
+
+@dataclass(frozen=True)
+class FP8Mode:
+    """A parametrization's FP8 training mode (``--fp8``).
+
+    Attributes:
+        enable: ``enable(model)`` switches it on and returns the cast counters: an object with
+            ``to_json()`` (``{layer: {kind: [under, over, total]}}``, saved in checkpoints) and
+            ``add(layer, kind, under, over, total)`` (restores a checkpoint's counts).
+        is_on: ``is_on(model)``: whether a loaded model already trains in FP8.
+        summary: ``summary(counters)`` -> ``train.json``'s ``fp8`` record.
+        why: why ``--fp8`` needs this parametrization (the refusal's reason).
+    """
+
+    enable: Callable[[torch.nn.Module], Any]
+    is_on: Callable[[torch.nn.Module], bool]
+    summary: Callable[[Any], dict[str, Any]]
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Parametrization:
+    """A parametrization ``lmforge train --parametrization NAME`` can train under.
+
+    Every hook left at None means "as a standard Hugging Face model" (the built-in ``sp``).
+
+    Attributes:
+        name: the ``--parametrization`` value.
+        label: how errors name its models (e.g. ``"µS"``).
+        model_type: the ``model_type`` in the ``config.json`` of the folders it saves; the trainer
+            hands such a folder to ``load``. It must be a type transformers does not know.
+        load: ``load(folder, job)`` -> the model saved in ``folder`` (the trainer loads the
+            tokenizer beside it).
+        reinit: ``reinit(model, folder, job)`` -> the model to train, from the standard model
+            loaded from ``folder`` (``job.model``); the trainer seeds torch with ``job.seed`` first
+            and keeps the tokenizer.
+        optimizer: ``optimizer(job, model)``: its own optimizer; ``--optimizer`` must then stay
+            ``adamw``.
+        optimizer_note: what that optimizer is, for the error that says so.
+        save: ``save(model, folder)`` writes the model (else ``model.save_pretrained``).
+        fp8: its FP8 mode, if it has one.
+    """
+
+    name: str
+    label: str = ""
+    model_type: str | None = None
+    load: Callable[[Path, TrainJob], torch.nn.Module] | None = None
+    reinit: Callable[[torch.nn.Module, Path, TrainJob], torch.nn.Module] | None = None
+    optimizer: Callable[[TrainJob, torch.nn.Module], torch.optim.Optimizer] | None = None
+    optimizer_note: str = ""
+    save: Callable[[torch.nn.Module, Path], Any] | None = None
+    fp8: FP8Mode | None = None
+
+
+OPTIMIZER_FACTORIES: dict[str, OptimizerFactory] = {}
+PARAMETRIZATION_FACTORIES: dict[str, Parametrization] = {}
+_plugins_loaded = False
+
+
+def register_optimizer(factory: OptimizerFactory) -> OptimizerFactory:
+    """Make ``factory`` available as ``--optimizer factory.name``; a second, different registration
+    of the same name is a bug."""
+    if OPTIMIZER_FACTORIES.get(factory.name, factory) != factory:
+        raise ValueError(f"optimizer {factory.name!r} registered twice")
+    OPTIMIZER_FACTORIES[factory.name] = factory
+    return factory
+
+
+def register_parametrization(par: Parametrization) -> Parametrization:
+    """Make ``par`` available as ``--parametrization par.name``; a second, different registration of
+    the same name, or a ``model_type`` transformers knows (its folders could not be told apart from
+    standard ones), is a bug."""
+    if PARAMETRIZATION_FACTORIES.get(par.name, par) != par:
+        raise ValueError(f"parametrization {par.name!r} registered twice")
+    if par.model_type is not None and _hf_knows(par.model_type):
+        raise ValueError(f"parametrization {par.name!r}: model_type {par.model_type!r} is a transformers type")
+    PARAMETRIZATION_FACTORIES[par.name] = par
+    return par
+
+
+def _load_plugins() -> None:
+    """Import every method package once, so that each registers its optimizers and parametrizations."""
+    global _plugins_loaded
+    if not _plugins_loaded:
+        from lmforge.registry import load_all
+
+        load_all()
+        _plugins_loaded = True
+
+
+def _names(names: list[str], last: str) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" {last} " + names[-1]
+
+
+def get_optimizer(name: str) -> OptimizerFactory:
+    """The registered optimizer ``name`` (methods are imported on the first unknown name).
+
+    Raises:
+        UserError: no method registers ``name``.
+    """
+    if name not in OPTIMIZER_FACTORIES:
+        _load_plugins()
+    if name not in OPTIMIZER_FACTORIES:
+        raise UserError(f"unknown optimizer '{name}'; choose one of {', '.join(OPTIMIZER_FACTORIES)}")
+    return OPTIMIZER_FACTORIES[name]
+
+
+def get_parametrization(name: str) -> Parametrization:
+    """The registered parametrization ``name`` (methods are imported on the first unknown name).
+
+    Raises:
+        UserError: no method registers ``name``.
+    """
+    if name not in PARAMETRIZATION_FACTORIES:
+        _load_plugins()
+    if name not in PARAMETRIZATION_FACTORIES:
+        raise UserError(f"unknown parametrization '{name}'; choose {_names(list(PARAMETRIZATION_FACTORIES), 'or')}")
+    return PARAMETRIZATION_FACTORIES[name]
+
+
+def _fp8_refusal() -> str:
+    """The error for ``--fp8`` under a parametrization without an FP8 mode: which ones have one, and why."""
+    _load_plugins()
+    able = [p for p in PARAMETRIZATION_FACTORIES.values() if p.fp8 is not None]
+    if not able:
+        return "--fp8 needs a parametrization with an FP8 mode, and none is registered"
+    why = "; ".join(p.fp8.why for p in able if p.fp8.why)  # type: ignore[union-attr]
+    return f"--fp8 needs --parametrization {_names([p.name for p in able], 'or')}" + (f": {why}" if why else "")
+
+
+def _hf_knows(model_type: str) -> bool:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return model_type in CONFIG_MAPPING_NAMES
+
+
+def _owner(folder: Path) -> Parametrization | None:
+    """The registered parametrization whose saved folders look like ``folder`` (by the ``model_type``
+    of its config.json), or None for a standard model. Methods are imported only for a model type
+    transformers does not know."""
+    try:
+        model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(model_type, str) or _hf_knows(model_type):
+        return None
+
+    def find() -> Parametrization | None:
+        return next((p for p in PARAMETRIZATION_FACTORIES.values() if p.model_type == model_type), None)
+
+    if find() is None:
+        _load_plugins()
+    return find()
+
+
+def _adamw(job: TrainJob, model: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=job.lr, weight_decay=job.weight_decay)
+
+
+register_optimizer(OptimizerFactory(name="adamw", build=_adamw))
+register_parametrization(Parametrization(name="sp", label="standard"))
 
 
 def token_stream(tokenizer: Any, texts: list[str]) -> torch.Tensor:
@@ -204,76 +390,44 @@ def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
     return total
 
 
-def _is_mus_folder(folder: Path) -> bool:
-    """Whether ``folder`` holds a model saved by a µS run (its config.json names the µS model type)."""
-    from lmforge.methods.unit_scaling.model import MODEL_TYPE
+def _plugin_tokenizer(folder: Path) -> Any:
+    """The tokenizer in a folder a parametrization saved: the fast tokenizer directly, since
+    AutoTokenizer would read config.json, whose model type transformers does not know."""
+    from transformers import PreTrainedTokenizerFast
 
     try:
-        return json.loads((folder / "config.json").read_text()).get("model_type") == MODEL_TYPE
-    except (OSError, ValueError, AttributeError):
-        return False
+        return PreTrainedTokenizerFast.from_pretrained(str(folder), local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - any loader failure is the user's folder
+        raise UserError(f"could not load the tokenizer in '{folder}': {str(exc).splitlines()[0][:200]}") from None
 
 
-def _mus_config(job: TrainJob) -> Any:
-    from lmforge.methods.unit_scaling.config import MuSConfig
-
-    return MuSConfig() if job.tau is None else MuSConfig(tau=job.tau)
-
-
-def _load_model(job: TrainJob) -> tuple[torch.nn.Module, Any, bool]:
-    """(model, tokenizer, is_mus) of ``job.model``."""
+def _load_model(job: TrainJob) -> tuple[torch.nn.Module, Any, Parametrization | None]:
+    """(model, tokenizer, the parametrization that owns the model, or None for a standard model)."""
     from lmforge.models.load import resolve_spec
 
+    par = get_parametrization(job.parametrization)
     folder = resolve_spec(job.model)
-    if _is_mus_folder(folder):
-        if job.parametrization != "mus":
-            raise UserError(f"{folder} is a µS model; train it with --parametrization mus")
-        from transformers import PreTrainedTokenizerFast
-
-        from lmforge.methods.unit_scaling.model import load_mus
-
-        model = load_mus(folder)
-        if job.tau is not None and abs(model.mus_config.tau - job.tau) > 1e-12:
-            raise UserError(f"{folder} was built with tau={model.mus_config.tau}; tau is fixed at initialisation, "
-                            "drop --tau or start from a standard model")
-        # The fast tokenizer directly: AutoTokenizer would read config.json, whose model type
-        # transformers does not know.
-        try:
-            tok = PreTrainedTokenizerFast.from_pretrained(str(folder), local_files_only=True)
-        except Exception as exc:  # noqa: BLE001 - any loader failure is the user's folder
-            raise UserError(f"could not load the tokenizer in '{folder}': {str(exc).splitlines()[0][:200]}") from None
-        return model, tok, True
+    owner = _owner(folder)
+    if owner is not None:
+        if owner.name != job.parametrization:
+            raise UserError(f"{folder} is a {owner.label or owner.name} model; train it with "
+                            f"--parametrization {owner.name}")
+        assert owner.load is not None, f"parametrization {owner.name!r} saves folders it cannot load"
+        model = owner.load(folder, job)
+        return model, _plugin_tokenizer(folder), owner
     from lmforge.models import load
 
     model, tok = load(job.model, allow_pickle=job.allow_pickle, trust_remote_code=job.trust_remote_code)
-    if job.parametrization == "mus":
-        # NOTE: µS is a parametrization of the weights at initialisation (unit-variance weights with
-        # 1/sqrt(fan_in) multipliers), so a checkpoint trained under the standard parametrization
-        # cannot be converted; the model's config and tokenizer are kept and the weights drawn anew.
-        from lmforge.methods.unit_scaling.apply import build_mus_model
-
-        if getattr(model.config, "model_type", None) != "llama":
-            raise UserError(f"--parametrization mus builds Llama-style models; {folder} is a "
-                            f"'{getattr(model.config, 'model_type', '?')}' model")
+    if par.reinit is not None:
         torch.manual_seed(job.seed)
-        model = build_mus_model(model.config, _mus_config(job))
-        return model, tok, True
-    return model, tok, False
+        return par.reinit(model, folder, job), tok, par
+    return model, tok, None
 
 
-def _build_optimizer(job: TrainJob, model: torch.nn.Module, is_mus: bool) -> torch.optim.Optimizer:
-    if is_mus:
-        from lmforge.methods.unit_scaling.apply import build_mus_optimizer
-
-        return build_mus_optimizer(model, model.mus_config, lr=job.lr, weight_decay=job.weight_decay)
-    if job.optimizer == "adamw":
-        return torch.optim.AdamW(model.parameters(), lr=job.lr, weight_decay=job.weight_decay)
-    from lmforge.methods.grad_transforms.apply import build_optimizer
-    from lmforge.methods.grad_transforms.config import GradTransformConfig
-
-    cfg = GradTransformConfig(kind=job.optimizer, rank=int(job.rank or 0), refresh=job.refresh, scale=job.scale,
-                              seed=job.seed)
-    return build_optimizer(model, cfg, lr=job.lr, weight_decay=job.weight_decay)
+def _build_optimizer(job: TrainJob, model: torch.nn.Module, par: Parametrization | None) -> torch.optim.Optimizer:
+    if par is not None and par.optimizer is not None:
+        return par.optimizer(job, model)
+    return get_optimizer(job.optimizer).build(job, model)
 
 
 def run_training(job: TrainJob, texts: list[str] | None = None,
@@ -295,16 +449,15 @@ def run_training(job: TrainJob, texts: list[str] | None = None,
             from lmforge.data.calibration import builtin_texts
 
             texts = builtin_texts(job.seed, n=2000)
-    model, tok, is_mus = _load_model(job)
+    model, tok, par = _load_model(job)
     counters = None
-    fp8_on = is_mus and any(getattr(lin, "fp8", False) for lin in model.hidden_linears().values())
-    if fp8_on and not job.fp8:
+    fp8 = None if par is None else par.fp8
+    if fp8 is not None and fp8.is_on(model) and not job.fp8:
         raise UserError(f"{job.model} was saved with FP8 hidden linears; pass --fp8 to go on training it in FP8")
     if job.fp8:
-        from lmforge.methods.unit_scaling.apply import enable_fp8
-
-        counters = enable_fp8(model)
-    opt = _build_optimizer(job, model, is_mus)
+        assert fp8 is not None  # TrainJob refuses --fp8 under a parametrization without an FP8 mode
+        counters = fp8.enable(model)
+    opt = _build_optimizer(job, model, par)
     # The peak learning rates, taken before a checkpoint's (already decayed) group lrs are loaded.
     base_lrs = [g["lr"] for g in opt.param_groups]
     positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
@@ -368,17 +521,11 @@ def run_training(job: TrainJob, texts: list[str] | None = None,
     result.state_bytes = optimizer_state_bytes(opt)
     result.adamw_state_bytes = adamw_state_bytes(model)
     if counters is not None:
-        from lmforge.methods.unit_scaling.fp8 import KINDS
-
-        result.fp8 = {"underflow_rate": counters.rates()["underflow"], "overflow_rate": counters.rates()["overflow"],
-                      **{f"{k}_underflow_rate": counters.rates(k)["underflow"] for k in KINDS},
-                      "per_layer": counters.to_json()}
+        result.fp8 = fp8.summary(counters)  # type: ignore[union-attr]
 
     with atomic_dir(out, overwrite=job.overwrite) as tmp_out:
-        if is_mus:
-            from lmforge.methods.unit_scaling.model import save_mus
-
-            save_mus(model, tmp_out)
+        if par is not None and par.save is not None:
+            par.save(model, tmp_out)
         else:
             model.save_pretrained(tmp_out)
         tok.save_pretrained(tmp_out)

@@ -12,9 +12,10 @@ as the remote (the stand-in for GPT-4o in ``lmforge reproduce minions``) on the 
 * the task is ``"What was the <line item> of the <Division> division in fiscal <year>? Answer in
   USD millions."`` and the advice is one fixed sentence (:data:`TASK_TEMPLATE`, :data:`ADVICE`:
   the oracle's own wording, checked against its code by the tests);
-* the message is :func:`lmforge.methods.minions.prompts.minions_worker` sent as one user turn, which
-  :class:`~lmforge.methods.minions.clients.HFChatClient` renders for a zoo tokenizer (no chat
-  template) with :func:`~lmforge.methods.minions.clients.render_plain`: ``"user: ...\\nassistant:"``.
+* the message is :func:`lmforge.data.worker_prompt.minions_worker` (the worker prompt the method
+  sends) as one user turn, which :class:`~lmforge.methods.minions.clients.HFChatClient` renders for a
+  zoo tokenizer (no chat template) with :func:`lmforge.common.chat.render_plain`:
+  ``"user: ...\\nassistant:"``.
 
 :func:`job` builds exactly that prompt text from a fresh report and :func:`reply` the correct
 reply, by the rules of the scripted correct reader
@@ -45,9 +46,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lmforge.common.chat import extract_json, render_plain
+from lmforge.data.worker_prompt import minions_worker
 from lmforge.eval.longdoc import _DIVISIONS, _METRICS, _YEARS, parse_fact_sentence, synthetic_docqa
-from lmforge.methods.minions.clients import render_plain
-from lmforge.methods.minions.prompts import minions_worker
 
 __all__ = [
     "ADVICE",
@@ -303,8 +304,6 @@ def tokenizer_texts(seed: int = 0, n: int = 600) -> list[str]:
 
 def parse_reply(text: str) -> dict[str, Any] | None:
     """The JobOutput object of a reply (the last JSON object in it), else None."""
-    from lmforge.methods.minions.clients import extract_json
-
     return extract_json(text)
 
 
@@ -335,7 +334,7 @@ def _as_kept_by_oracle(got: dict[str, Any], key: Key) -> float | None:
 
 
 def evaluate_reader(model: Any, tokenizer: Any, n: int = 200, *, seed: int = 0, chunk_chars: int = 800,
-                    batch_size: int = 16, max_new_tokens: int = 96) -> dict[str, float]:
+                    batch_size: int = 16, max_new_tokens: int = 96) -> dict[str, float | None]:
     """Greedy decoding on ``n`` held-out jobs with ``chunk_chars``-character chunks (half positive).
 
     Returns:
@@ -345,7 +344,8 @@ def evaluate_reader(model: Any, tokenizer: Any, n: int = 200, *, seed: int = 0, 
         others: ``null_accuracy`` (answer null), ``lookalike_null_accuracy`` (the same, when the chunk
         holds a look-alike of the asked figure), ``misleading_rate`` (an output the oracle would keep:
         a number not disowned by a citation of another figure); ``accuracy`` (exact answer or null),
-        ``mean_prompt_tokens``.
+        ``mean_prompt_tokens``. A rate over jobs the sample happens not to hold (no look-alike chunk,
+        say) is None, not NaN: it is undefined, and results files hold strict JSON.
     """
     from lmforge.common.generation import generate
 
@@ -375,8 +375,8 @@ def evaluate_reader(model: Any, tokenizer: Any, n: int = 200, *, seed: int = 0, 
                 res["hard"].append(ok)
         res["correct"].append(ok)
 
-    def mean(xs: list[bool]) -> float:
-        return sum(xs) / len(xs) if xs else float("nan")
+    def mean(xs: list[bool]) -> float | None:
+        return sum(xs) / len(xs) if xs else None
 
     return {
         "n": float(n),

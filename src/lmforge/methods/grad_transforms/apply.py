@@ -9,6 +9,8 @@ LM head get plain AdamW).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -16,7 +18,7 @@ from lmforge.common.errors import UserError
 from lmforge.methods.grad_transforms.config import GradTransformConfig
 from lmforge.methods.grad_transforms.optim import ProjectedAdam, state_bytes
 
-__all__ = ["build_optimizer", "state_bytes", "target_weights"]
+__all__ = ["build_optimizer", "state_bytes", "target_weights", "train_optimizer"]
 
 
 def _excluded_weights(model: nn.Module) -> set[int]:
@@ -77,3 +79,17 @@ def build_optimizer(model: nn.Module, cfg: GradTransformConfig, lr: float, weigh
     groups.append({"params": list(targets.values()), "names": list(targets), "kind": cfg.kind, "rank": cfg.rank,
                    "refresh": cfg.refresh, "scale": cfg.scale, "proj_type": cfg.proj_type, "seed": cfg.seed})
     return ProjectedAdam(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+def train_optimizer(kind: str, job: Any, model: nn.Module) -> torch.optim.Optimizer:
+    """The ``lmforge train --optimizer KIND`` factory (registered with the trainer by this package's
+    ``__init__``): :func:`build_optimizer` with the job's rank, refresh, scale and seed.
+
+    Args:
+        kind: one of :data:`~lmforge.methods.grad_transforms.config.KINDS`.
+        job: a :class:`lmforge.common.trainer.TrainJob` (its ``rank`` was checked to be set).
+        model: the model to train.
+    """
+    cfg = GradTransformConfig(kind=kind, rank=int(job.rank or 0), refresh=job.refresh, scale=job.scale,
+                              seed=job.seed)
+    return build_optimizer(model, cfg, lr=job.lr, weight_decay=job.weight_decay)

@@ -17,7 +17,8 @@ the reply, the tokens it cost (:class:`Usage`) and whether it ended naturally or
 * :class:`ScriptedClient`: canned replies for tests, with honest, reproducible token counts
   (:func:`count_tokens`).
 
-Structured output: :func:`extract_json` pulls the last JSON object out of a reply and
+Structured output: :func:`extract_json` pulls the last JSON object out of a reply (it and
+:func:`render_plain` are :mod:`lmforge.common.chat`'s, re-exported here) and
 :func:`chat_json` asks again, with the validation error, until a reply validates or the retry bound
 is reached (then :class:`StructuredOutputError`, a one-line :class:`UserError`); every attempt's
 tokens go to the ledger, the failed ones included.
@@ -26,7 +27,6 @@ tokens go to the ledger, the failed ones included.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import os
 import re
@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
+from lmforge.common.chat import extract_json, render_plain
 from lmforge.common.errors import UserError
 
 if TYPE_CHECKING:
@@ -174,11 +175,6 @@ def _check_max_tokens(value: int | None, what: str = "max_tokens") -> None:
 
 
 # ------------------------------------------------------------------------------------- local (HF)
-
-
-def render_plain(messages: Sequence[dict[str, str]]) -> str:
-    """``"role: content"`` lines followed by ``"assistant:"``, for tokenizers without a chat template."""
-    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
 
 
 # A model prompted with the plain rendering tends to continue the dialogue; these end its turn.
@@ -676,42 +672,6 @@ class ScriptedClient:
 
 
 # ----------------------------------------------------------------------------- structured output
-
-_FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n?(.*?)```", re.DOTALL)
-
-
-def _last_object(text: str) -> dict[str, Any] | None:
-    """The last top-level JSON object in ``text`` (objects nested in it are part of it)."""
-    decoder = json.JSONDecoder()
-    found: dict[str, Any] | None = None
-    i = text.find("{")
-    while i != -1:
-        try:
-            obj, end = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:
-            i = text.find("{", i + 1)
-            continue
-        if isinstance(obj, dict):
-            found = obj
-        i = text.find("{", end)
-    return found
-
-
-def extract_json(text: str) -> dict[str, Any] | None:
-    """The JSON object a model's reply carries, or None.
-
-    The last fenced block (```` ```json ... ``` ```` or a bare ```` ``` ````) that holds a JSON
-    object wins; else the last balanced ``{...}`` object anywhere in the text. Arrays and scalars
-    are not objects and are ignored.
-    """
-    if not isinstance(text, str):
-        return None
-    for block in reversed(_FENCE.findall(text)):
-        obj = _last_object(block)
-        if obj is not None:
-            return obj
-    return _last_object(text)
-
 
 class StructuredOutputError(UserError):
     """A model's replies never gave a valid JSON object within the retry bound (one-line message).

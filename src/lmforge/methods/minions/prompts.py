@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 
+from lmforge.data.worker_prompt import minions_worker
 from lmforge.methods.minions import jobs
 
 __all__ = [
@@ -392,34 +393,8 @@ def minions_too_many_jobs(n_jobs: int, max_jobs: int) -> str:
     )
 
 
-def minions_worker(chunk: str, task: str, advice: str) -> str:
-    """One local job: a chunk, a task, advice, and the JobOutput JSON to return."""
-    return f"""\
-Here is an excerpt from a document:
-
-{chunk}
-
---------------------------------
-Your task:
-
-{task}
-
---------------------------------
-Advice on how to approach it:
-
-{advice}
-
---------------------------------
-
-Reply with one JSON object (a `JobOutput`) with these keys:
-```json
-{{
-  "explanation": "<your reasoning in a sentence or two>",
-  "citation": "<the words from the excerpt that support your answer, or null>",
-  "answer": "<your answer, or null if the excerpt has nothing relevant>"
-}}
-```
-Your reply:"""
+# minions_worker, one local job's message, is lmforge.data.worker_prompt's (imported above): the zoo
+# reader's training data (lmforge.data.docjobs) renders it too, and data never imports a method.
 
 
 _SYNTH_FIELDS = """\
