@@ -254,3 +254,35 @@ def test_export_lmeval_never_writes_into_an_existing_folder(tmp_path: Path) -> N
                                    "--data", str(out), "--overwrite"])
     assert isinstance(res.exception, UserError) and "inside OUT" in str(res.exception)
     assert (out / "longbench_qa.jsonl").read_text() == "user data\n"
+
+
+def test_header_records_the_scoring_mode(run_dir: Path) -> None:
+    data = json.loads((run_dir / "results.json").read_text())
+    assert data["header"]["scoring"] == "official"  # the default; a resumed run must match it
+
+
+def test_bad_scoring_is_one_line_exit_2_before_any_model_loads(tmp_path: Path, monkeypatch, capsys) -> None:
+    import importlib
+    import sys
+
+    from lmforge.cli import main
+
+    model_load = importlib.import_module("lmforge.models.load")  # the package re-exports load() over the module name
+
+    def no_load(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(model_load, "load", no_load)
+    monkeypatch.setattr(model_load, "resolve_spec", no_load)
+    out = tmp_path / "run"
+    monkeypatch.setattr(sys, "argv", ["lmforge", "bench", "acbench", "--model", "zoo:agent-small", "--out", str(out),
+                                      "--scoring", "paper"])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: --scoring must be official or lmforge, got 'paper'"
+    assert not out.exists()
+    with pytest.raises(UserError, match="--scoring must be"):
+        run_acbench(_opts(out, scoring="paper", compress=[]))
+    assert not out.exists()

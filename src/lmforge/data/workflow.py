@@ -12,6 +12,10 @@ rendered the way WorfBench writes plans::
     1: search flights to Rome
     2: book the flight to Rome
     Edge: (START,1) (1,2) (2,END)
+
+Two readers: :func:`parse_plan` (lmforge's: a ``Node`` block of ``i: text`` lines, ``Edge`` lines of
+``(a,b)`` pairs with START/END kept as names) and :func:`parse_graph_official`, WorfBench's own
+(``node_eval.py``, ``workflow_to_graph_list``), which ``--scoring official`` uses.
 """
 
 from __future__ import annotations
@@ -120,3 +124,25 @@ def parse_plan(text: str) -> tuple[list[str], list[list[Any]]]:
             if m:
                 nodes.append(m.group(2))
     return nodes, edges
+
+
+# WorfBench's reader (zjunlp/WorFBench ``node_eval.py``, ``workflow_to_graph_list``): a node is any
+# "<digits>: " or "<digits>. " followed by text, anywhere in the response (not only under "Node:");
+# an edge is any "(a,b)" whose a is a number or START and whose b is a number or END.
+_OFFICIAL_NODE_RE = re.compile(r"\d+[:.] (.+)")
+_OFFICIAL_EDGE_RE = re.compile(r"\(\s*(\d+|START)\s*,\s*(\d+|END)\s*\)")
+
+
+def parse_graph_official(text: str) -> tuple[list[str], list[tuple[int, int]]] | None:
+    """A plan read the way WorfBench's evaluator reads it: ``(nodes, edges)`` with ``nodes`` =
+    ``["START", step 1, ..., step n, "END"]`` (a trailing "Finish" step is kept) and ``edges`` index
+    pairs into that list (START is 0, END is n + 1, a number is used as written, even when no step
+    has it); None when WorfBench gets no graph: the text has no "Node", or no edge parses.
+    """
+    if "Node" not in text:
+        return None
+    nodes = ["START"] + [m.strip() for m in _OFFICIAL_NODE_RE.findall(text)] + ["END"]
+    end = len(nodes) - 1
+    edges = [(0 if a == "START" else int(a), end if b == "END" else int(b))
+             for a, b in _OFFICIAL_EDGE_RE.findall(text)]
+    return (nodes, edges) if edges else None

@@ -6,6 +6,18 @@ the longest increasing subsequence of matched gold indices, read in predicted or
 nodes that are both right and in a valid order; P = LIS/|pred|, R = LIS/|gold|, F1 their harmonic
 mean; the best F1 over up to 20 topological orders of the gold graph is kept.
 
+Two modes (ACBench's ``--scoring``). ``official`` (the default; :func:`official_node_f1`,
+:func:`official_graph_f1`) follows zjunlp/WorFBench's ``evaluator/graph_evaluator.py``
+(``all_topological_sorts``, ``match_node``, ``t_eval_plan``, ``t_eval_nodes``, ``t_eval_graph``)
+on graphs read by :func:`lmforge.data.workflow.parse_graph_official` (``node_eval.py``), rule for
+rule: a gold list of >= 10 nodes counting START and END (a plan of >= 8 steps) is used as listed and
+keeps START and END, smaller golds give their first 20 topological orders (networkx's enumeration
+over START, the steps and END) with START/END dropped; every predicted step starts the subsequence
+count at 1, matched or not; graph F1 keeps the predicted edges that equal a gold edge by their raw
+indices (pred numbering against gold numbering, not mapped through the matching). ``lmforge``
+(:func:`node_f1`, :func:`graph_f1`) is lmforge's earlier reading: START/END never counted in node
+F1, the listed order always tried, a count of 0 without matches, edges mapped through the matching.
+
 NOTE: WorfBench embeds nodes with all-mpnet-base-v2 (threshold 0.6). No hub weights can be loaded
 here, so the default embedder is a deterministic character-trigram TF cosine behind the same
 interface (``embed=``); a user can pass a sentence-transformers encoder instead. Checked: scipy's
@@ -192,6 +204,143 @@ def node_f1(
         if f1 > best["f1"]:
             best = {"precision": p, "recall": r, "f1": f1}
     return best
+
+
+# ---------------------------------------------------------------------------------------------------
+# WorfBench, the official evaluator's rules (``--scoring official``)
+
+_ZERO = {"precision": 0.0, "recall": 0.0, "f1": 0.0}
+_ENDS = ("START", "END")
+
+
+def _cosine_table(texts: Sequence[str], embed: Embedder) -> tuple[dict[str, int], np.ndarray]:
+    """Each distinct text embedded once and the cosines (clipped at 0, as WorfBench's ``match_node``)
+    of every pair read from one table, so equal texts tie exactly."""
+    uniq = list(dict.fromkeys(texts))
+    e = np.asarray(embed(uniq), dtype=np.float64)
+    norm = np.linalg.norm(e, axis=-1, keepdims=True)
+    e = np.divide(e, norm, out=np.zeros_like(e), where=norm > 0)
+    return {t: i for i, t in enumerate(uniq)}, np.maximum(e @ e.T, 0.0)
+
+
+def _official_match(pred: Sequence[str], gold: Sequence[str], pos: dict[str, int], table: np.ndarray,
+                    threshold: float) -> list[int]:
+    """WorfBench's ``match_node``: the gold index of each predicted node (-1: unmatched) in a networkx
+    maximum-weight matching over the pairs whose cosine exceeds ``threshold``, weighted by it."""
+    graph = nx.Graph()
+    for i, p in enumerate(pred):
+        for j, g in enumerate(gold):
+            sim = float(table[pos[p], pos[g]])
+            if sim > threshold:
+                # NOTE: repeated identical steps tie exactly; WorfBench's pick between equal
+                # matchings rests on float noise in its cosine matrix, so ties go to the
+                # order-preserving pairing (the smaller sum of |i - j|).
+                graph.add_edge(("p", i), ("g", j), weight=sim - 1e-9 * abs(i - j))
+    match = [-1] * len(pred)
+    for a, b in nx.max_weight_matching(graph):
+        (_, i), (_, j) = (a, b) if a[0] == "p" else (b, a)
+        match[i] = j
+    return match
+
+
+def official_gold_orders(nodes: Sequence[str], edges: Sequence[tuple[int, int]], limit: int = 20) -> list[list[str]]:
+    """WorfBench's ``all_topological_sorts`` of a gold graph read by ``parse_graph_official``
+    (``nodes`` with START first and END last, ``edges`` index pairs into it): a list of >= 10 nodes
+    is returned as listed, START and END included; a smaller one gives its first ``limit``
+    topological orders in networkx's enumeration (nodes 0..n+1 added in order, then the edges),
+    each with the START/END nodes dropped.
+
+    NOTE: WorfBench raises on a gold graph that is not a DAG over its own nodes (a cycle, or an edge
+    naming a step the plan lacks); such a gold falls back to its listed steps here.
+    """
+    if len(nodes) >= 10:
+        return [list(nodes)]
+    g = nx.DiGraph()
+    g.add_nodes_from(range(len(nodes)))
+    g.add_edges_from(edges)
+    if g.number_of_nodes() != len(nodes) or not nx.is_directed_acyclic_graph(g):
+        return [[n for n in nodes if n not in _ENDS]]
+    orders = []
+    for order in nx.all_topological_sorts(g):
+        orders.append([nodes[i] for i in order if nodes[i] not in _ENDS])
+        if len(orders) >= limit:
+            break
+    return orders
+
+
+def official_node_f1(
+    pred_nodes: Sequence[str], gold_nodes: Sequence[str], gold_edges: Sequence[tuple[int, int]], *,
+    embed: Embedder = trigram_embed, threshold: float = 0.6,
+) -> dict[str, float]:
+    """WorfBench's ``t_eval_nodes``: node precision/recall/F1 of a predicted graph's nodes (START/END
+    entries dropped) against every gold order of :func:`official_gold_orders`, the first best F1 kept.
+
+    Per order (``t_eval_plan``): nodes matched as in ``match_node``; a dp over predicted positions
+    that starts at 1 for every predicted step, matched or not, and grows along strictly increasing
+    matched gold positions; ``c = max(dp)`` (so ``c >= 1``), P = c / |pred|, R = c / |gold order|.
+    Graphs are the ``(nodes, edges)`` of :func:`lmforge.data.workflow.parse_graph_official`.
+
+    NOTE: WorfBench raises on a prediction with no steps (``max`` of an empty dp); it scores 0 here.
+    """
+    pred = [n for n in pred_nodes if n not in _ENDS]
+    orders = [o for o in official_gold_orders(gold_nodes, gold_edges) if o]
+    if not pred or not orders:
+        return dict(_ZERO)
+    pos, table = _cosine_table([*pred, *gold_nodes], embed)
+    best = dict(_ZERO)
+    for order in orders:
+        match = _official_match(pred, order, pos, table, threshold)
+        dp = [1] * len(pred)
+        for i in range(len(pred)):
+            for j in range(i):
+                if match[i] != -1 and match[j] != -1 and match[i] > match[j]:
+                    dp[i] = max(dp[i], dp[j] + 1)
+        c = max(dp)
+        p, r = c / len(pred), c / len(order)
+        f1 = 2 * p * r / (p + r)
+        if f1 > best["f1"]:
+            best = {"precision": p, "recall": r, "f1": f1}
+    return best
+
+
+def _largest_component(nodes: Sequence[int], edges: Sequence[tuple[int, int]]) -> int:
+    g = nx.Graph()
+    g.add_nodes_from(nodes)
+    g.add_edges_from(edges)
+    return max(len(c) for c in nx.connected_components(g))
+
+
+def official_graph_f1(
+    pred_nodes: Sequence[str], pred_edges: Sequence[tuple[int, int]],
+    gold_nodes: Sequence[str], gold_edges: Sequence[tuple[int, int]], *,
+    embed: Embedder = trigram_embed, threshold: float = 0.6,
+) -> dict[str, float]:
+    """WorfBench's ``t_eval_graph`` on graphs of :func:`lmforge.data.workflow.parse_graph_official`
+    (START and END are nodes of both and normally match each other).
+
+    Nodes are matched over the full lists; the predicted edges between matched predicted nodes that
+    also appear, as the same pair of raw indices, among the gold edges between matched gold nodes
+    are the shared edges; P = |largest connected component of the matched predicted nodes over the
+    shared edges| / |pred nodes|, R = the same over the matched gold nodes / |gold nodes|.
+
+    NOTE: the raw-index comparison is WorfBench's (``public_edges``): a relabelled but identical
+    graph loses its edges, and edges of unrelated steps that happen to share numbers count.
+    WorfBench raises when no node matches at all; that scores 0 here.
+    """
+    if not pred_nodes or not gold_nodes:
+        return dict(_ZERO)
+    pos, table = _cosine_table([*pred_nodes, *gold_nodes], embed)
+    match = _official_match(pred_nodes, gold_nodes, pos, table, threshold)
+    m_pred = [i for i, j in enumerate(match) if j != -1]
+    m_gold = [j for j in match if j != -1]
+    if not m_pred:
+        return dict(_ZERO)
+    in_pred, in_gold = set(m_pred), set(m_gold)
+    gold_kept = {(a, b) for a, b in gold_edges if a in in_gold and b in in_gold}
+    shared = [(a, b) for a, b in pred_edges if a in in_pred and b in in_pred and (a, b) in gold_kept]
+    p = _largest_component(m_pred, shared) / len(pred_nodes)
+    r = _largest_component(m_gold, shared) / len(gold_nodes)
+    return {"precision": p, "recall": r, "f1": 2 * p * r / (p + r)}
 
 
 def mean(xs: Sequence[float]) -> float:

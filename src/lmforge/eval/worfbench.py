@@ -8,8 +8,8 @@ ships a JSON list of records::
                        {"role": "user", "content": <task>},
                        {"role": "assistant", "content": "Node:\\n1: ...\\nEdge: (START,1) (1,2) ..."}]}
 
-:func:`load` returns :class:`WorkflowItem` s (the prompt messages and the gold graph parsed from the
-assistant turn); :func:`write` writes records in the same shape, so a user with the real split runs
+:func:`load` returns :class:`WorkflowItem` s (the prompt messages, the gold graph parsed from the
+assistant turn, and that turn's text for the official reader); :func:`write` writes records in the same shape, so a user with the real split runs
 it unchanged and lmforge's generated miniature goes through the same loader. A malformed file is a
 one-line :class:`~lmforge.common.errors.UserError` naming the record (or the line of a ``.jsonl``).
 """
@@ -45,6 +45,7 @@ class WorkflowItem:
     messages: list[dict[str, str]]  # the system and user turns
     gold_nodes: list[str]
     gold_edges: list[list[Any]]
+    gold_text: str = ""  # the assistant turn as written (WorfBench's own reader parses this)
 
     @property
     def task(self) -> str:
@@ -83,6 +84,7 @@ def load(path: str | Path) -> list[WorkflowItem]:
             messages=[{"role": t["role"], "content": t["content"]} for t in turns if t["role"] != "assistant"],
             gold_nodes=nodes,
             gold_edges=edges,
+            gold_text=gold[-1]["content"],
         ))
     if not items:
         raise UserError(f"{path}: no WorfBench records")
