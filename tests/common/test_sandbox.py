@@ -474,6 +474,75 @@ def test_network_namespace_alone_has_no_route():
     assert proc.stdout.strip() == "101", proc.stderr  # ENETUNREACH: only a down loopback inside
 
 
+# ---------------------------------------------------------------------------------- forged results
+#
+# The result pipe is open in the child while the code runs (its descriptor was once even in
+# sys.argv), so code that reaches the real os module can write a report of its own, then stall or
+# die so that the wrapper never writes the real one. A timeout or a death must be reported as such
+# whatever the pipe holds, and the layers always come from the wrapper's line written before the
+# code ran.
+
+FORGE = ESCAPE + """
+FORGED = '{"kind": "ok", "value": "forged", "error": null, "layers": ["rlimits", "forged"]}'
+def forge():
+    o = real_os()
+    for fd in range(1, 64):  # the result pipe, whichever descriptor it is
+        try:
+            o["write"](fd, ("\\n" + FORGED + "\\n").encode())
+        except OSError:
+            pass
+    return o
+"""
+
+
+def forging(body: str) -> str:
+    return FORGE + dedent(body)
+
+
+def test_forged_ok_then_sleep_is_reported_as_the_wall_clock_timeout():
+    code = forging("""
+        import time
+        def main():
+            forge()
+            time.sleep(60)
+    """)
+    result = run(code, allowed_imports=DEFAULT_ALLOWED_IMPORTS | {"time"},
+                 limits=SandboxLimits(cpu_seconds=5, wall_seconds=1))
+    assert_failed(result, "timeout", "wall-clock limit of 1s")
+    assert "forged" not in result.layers
+
+
+def test_forged_ok_then_sigxcpu_blocked_is_reported_as_the_cpu_timeout():
+    # With SIGXCPU masked the wrapper's handler never runs: the hard limit's SIGKILL ends it.
+    code = forging("""
+        def main():
+            o = forge()
+            sig = o["sys"].modules["signal"]
+            sig.pthread_sigmask(sig.SIG_BLOCK, {sig.SIGXCPU})
+            while True:
+                pass
+    """)
+    result = run(code, limits=SandboxLimits(cpu_seconds=1, wall_seconds=10))
+    assert_failed(result, "timeout", "CPU time limit of 1s")
+
+
+def test_forged_ok_then_a_failing_exit_is_reported_as_killed():
+    result = run(forging("def main():\n    forge()['_exit'](3)"))
+    assert_failed(result, "killed")  # its error is the last stderr line: the forger wrote it there too
+    assert "forged" not in result.layers
+
+
+def test_forged_layers_are_never_reported():
+    # Ending with status 0 after writing a report is the same as returning that value (the code
+    # chooses its value either way), but the layers are the wrapper's, measured before it ran.
+    genuine = run("def main():\n    return 1").layers
+    assert genuine and "audit" in genuine
+    result = run(forging("def main():\n    forge()['_exit'](0)"))
+    assert result.layers == genuine, result
+    result = run(forging("def main():\n    forge()\n    return 'real'"))
+    assert (result.kind, result.value, result.layers) == ("ok", "real", genuine)
+
+
 # ------------------------------------------------------------------ escapes found in a security review
 #
 # Each route below once let code disable the audit hook or slip past its path check, and read or

@@ -186,3 +186,21 @@ def test_worker_prompt_is_the_protocols():
         chunk, docjobs.task_text(*key), docjobs.ADVICE) + "\nassistant:"
     assert json.loads(docjobs.reply(chunk, key)) == {"answer": "1,024.4", "citation": chunk,
                                                      "explanation": "The excerpt states it."}
+
+
+def test_evaluate_reader_gives_none_not_nan_for_a_rate_over_no_job(monkeypatch):
+    """One held-out job is either positive or negative: the rates over the other kind are None
+    (undefined), never NaN, so the report's results.json stays strict JSON."""
+    import lmforge.common.generation as generation
+
+    class Out:
+        text, prompt_tokens = '{"answer": null, "citation": null, "explanation": "no"}', 10
+
+    monkeypatch.setattr(generation, "generate", lambda model, tok, prompts, **kw: [Out() for _ in prompts])
+    res = docjobs.evaluate_reader(None, None, n=1, seed=0)
+    undefined = {k for k, v in res.items() if v is None}
+    assert undefined  # one kind of job is missing
+    assert undefined <= {"answer_exact_match", "citation_exact_match", "oracle_reads_right", "null_accuracy",
+                         "lookalike_null_accuracy", "misleading_rate"}
+    assert res["valid_json"] == 1.0 and res["n"] == 1.0
+    json.dumps(res, allow_nan=False)

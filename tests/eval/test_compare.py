@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import json
+import math
 
 import pytest
 import torch
@@ -34,6 +36,42 @@ def test_rank_correlations_match_scipy():
     for i in range(50):
         assert float(tau[i]) == pytest.approx(stats.kendalltau(a[i], b[i]).statistic, abs=1e-9)
         assert float(rho[i]) == pytest.approx(stats.spearmanr(a[i], b[i]).statistic, abs=1e-9)
+
+
+def test_rank_correlations_with_ties_match_scipy_average_ranks():
+    # The example: position-broken ties gave 1.0 where scipy gives 0.9487.
+    x, y = torch.tensor([[1.0, 1.0, 2.0, 3.0]]), torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    assert float(spearman_rho(x, y)[0]) == pytest.approx(stats.spearmanr([1, 1, 2, 3], [1, 2, 3, 4]).statistic, abs=1e-12)
+    assert float(spearman_rho(x, y)[0]) == pytest.approx(0.9486832980505138, abs=1e-12)
+    g = torch.Generator().manual_seed(3)
+    a = torch.randint(0, 4, (200, 8), generator=g).double()  # many ties in both
+    b = (a + torch.randint(-2, 3, (200, 8), generator=g)).double()
+    tau, rho = kendall_tau(a, b), spearman_rho(a, b)
+    checked = 0
+    for i in range(200):
+        want_rho = stats.spearmanr(a[i], b[i]).statistic
+        want_tau = stats.kendalltau(a[i], b[i]).statistic
+        if math.isnan(want_rho):
+            assert math.isnan(float(rho[i])) and math.isnan(float(tau[i]))
+            continue
+        checked += 1
+        assert float(rho[i]) == pytest.approx(want_rho, abs=1e-9)
+        assert float(tau[i]) == pytest.approx(want_tau, abs=1e-9)
+    assert checked > 150
+
+
+def test_constant_input_has_no_correlation_and_never_reaches_the_mean_as_nan():
+    const, ramp = torch.tensor([[2.0, 2.0, 2.0]]), torch.tensor([[1.0, 2.0, 3.0]])
+    assert math.isnan(stats.spearmanr([2, 2, 2], [1, 2, 3]).statistic)  # the reference's answer
+    assert math.isnan(float(spearman_rho(const, ramp)[0])) and math.isnan(float(kendall_tau(ramp, const)[0]))
+    # topk_agreement: positions where the compressed logits tie on the top-k are left out of the mean
+    orig = torch.tensor([[3.0, 2.0, 1.0, 0.0], [0.0, 1.0, 2.0, 3.0]])
+    comp = torch.tensor([[3.0, 2.0, 1.0, 0.0], [5.0, 5.0, 5.0, 5.0]])
+    res = topk_agreement(orig, comp, 3)
+    assert res["spearman_rho"] == 1.0 and res["kendall_tau"] == 1.0  # the first position alone
+    res = topk_agreement(orig[1:], comp[1:], 3)
+    assert res["spearman_rho"] is None and res["kendall_tau"] is None
+    json.dumps(res, allow_nan=False)
 
 
 def test_identical_logits_agree_perfectly_and_energy_is_logsumexp():

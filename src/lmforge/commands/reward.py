@@ -26,6 +26,11 @@ def _check_lambda(lam: float | None) -> None:
         raise UserError(f"--lambda must be a number >= 0 or inf, got {lam}")
 
 
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and limit < 1:
+        raise UserError(f"--limit must be at least 1, got {limit}")
+
+
 def _progress() -> bool:
     return os.environ.get("LMFORGE_NO_PROGRESS") != "1"
 
@@ -60,6 +65,11 @@ def reward_train(
     from lmforge.methods.diverging_prefs.apply import run_train
     from lmforge.methods.diverging_prefs.config import DivergingPrefsConfig
 
+    # Before the data is read (and a model loaded): what would otherwise fail only at the split.
+    if not (0 <= dev_fraction < 1 and 0 <= test_fraction < 1 and dev_fraction + test_fraction < 1):
+        raise UserError(f"--dev-fraction ({dev_fraction}) and --test-fraction ({test_fraction}) must be in "
+                        "[0, 1) and sum to less than 1")
+    _check_limit(limit)
     cfg = DivergingPrefsConfig(head=head, bt_target=bt_target, meanvar_loss=loss, rho=rho, lr=lr, epochs=epochs,
                                batch_size=batch_size, seed=seed)
     record = run_train(data, out, cfg, model=model, body=body, fmt=data_format, dev_fraction=dev_fraction,
@@ -213,6 +223,11 @@ def reward_rate(
     from lmforge.methods.rate.config import RateConfig
     from lmforge.methods.rate.rewriters import BUILTIN, builtin_attribute, make_rewriter
 
+    _check_limit(limit)
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise UserError(f"--temperature must be a number >= 0, got {temperature}")
+    if max_tokens is not None and max_tokens < 1:
+        raise UserError(f"--max-tokens must be at least 1, got {max_tokens}")
     if out is not None:
         check_output_file(out, overwrite)
     rows = _read_rate_records(data, limit)
@@ -241,11 +256,16 @@ def reward_rate(
         _emit(summary)
         return
     e = result["effects"]
+
+    def num(x: float | None, fmt: str) -> str:  # None: undefined (no unit, or one: no standard error)
+        return "n/a" if x is None else format(x, fmt)
+
     typer.echo(f"{attribute}: {result['w1']} units with w=1, {result['w0']} with w=0 (rewriter {result['rewriter']})")
-    typer.echo(f"naive            {e['naive']['value']:+.4f} ± {e['naive']['se']:.4f}")
+    typer.echo(f"naive            {num(e['naive']['value'], '+.4f')} ± {num(e['naive']['se'], '.4f')}")
     for k in ("ATT", "ATU", "ATE"):
         s, r = e["single_rewrite"][k], e["rate"][k]
-        typer.echo(f"{k}: single rewrite {s['value']:+.4f} ± {s['se']:.4f}   RATE {r['value']:+.4f} ± {r['se']:.4f}")
+        typer.echo(f"{k}: single rewrite {num(s['value'], '+.4f')} ± {num(s['se'], '.4f')}   "
+                   f"RATE {num(r['value'], '+.4f')} ± {num(r['se'], '.4f')}")
     f = result["failures"]
     if f["checked"]:
         typer.echo(f"rewrites that did not flip {attribute}: {f['rewrite_failed']} first, {f['rewrite_of_rewrite_failed']} "

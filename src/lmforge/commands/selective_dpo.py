@@ -124,7 +124,9 @@ def selective_dpo_cmd(
     agreement = None
     if given is None and len(seed_tuple) > 1:
         ps = diff.per_seed()
-        agreement = [float(spearmanr(ps[i], ps[j])[0]) for i in range(len(ps)) for j in range(i + 1, len(ps))]
+        # None where a seed's scores are all equal (scipy's NaN: no rank correlation is defined).
+        agreement = [None if rho != rho else rho for rho in
+                     (float(spearmanr(ps[i], ps[j])[0]) for i in range(len(ps)) for j in range(i + 1, len(ps)))]
     summary = {
         "model": model, "data": str(data), "out": str(out), "pairs": len(records), "kept": len(order),
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(cfg).items()}, "engine": engine,
@@ -152,5 +154,5 @@ def selective_dpo_cmd(
         return
     typer.echo(f"selective-dpo: kept {len(order)} of {len(records)} pairs (tau {tau}), trained easy to hard")
     if agreement:
-        typer.echo(f"difficulty agreement across seeds (Spearman): {', '.join(f'{a:.3f}' for a in agreement)}")
+        typer.echo(f"difficulty agreement across seeds (Spearman): {', '.join('n/a' if a is None else f'{a:.3f}' for a in agreement)}")
     typer.echo(f"saved to {out} (difficulty.jsonl and selective_dpo.json inside)")

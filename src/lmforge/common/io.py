@@ -129,8 +129,53 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> Path:
-    """Write ``obj`` as indented JSON atomically."""
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+    """Write ``obj`` as indented JSON atomically.
+
+    Strict JSON only: a NaN or an infinity is a :class:`ValueError` that names where it is (e.g.
+    ``$.runs[2].auroc``), raised before anything is written, so it is fixed where it arises (an
+    undefined statistic is None there, with its reason) and never lands in a results file as the
+    non-standard ``NaN`` that other JSON readers refuse. Numpy and torch float scalars are written
+    as numbers (and checked), other unknown objects as their ``str``, as before.
+    """
+    try:
+        text = json.dumps(obj, indent=2, sort_keys=False, default=_json_default, allow_nan=False)
+    except ValueError as exc:
+        where = _non_finite_path(obj)
+        if where is None:
+            raise
+        raise ValueError(f"{Path(path).name}: {where[1]} at {where[0]} cannot be written as JSON; an "
+                         "undefined value must be None (null)") from exc
+    return atomic_write_text(path, text + "\n")
+
+
+def _json_default(obj: Any) -> Any:
+    # numpy.float32 / a 0-d float tensor would otherwise become the string "nan" or "0.5".
+    dtype = getattr(obj, "dtype", None)
+    if dtype is not None and getattr(obj, "ndim", None) == 0 and getattr(dtype, "is_floating_point",
+                                                                          getattr(dtype, "kind", "") == "f"):
+        return float(obj)
+    return str(obj)
+
+
+def _non_finite_path(obj: Any, where: str = "$") -> tuple[str, str] | None:
+    """The JSON path and repr of the first NaN or infinity in ``obj``; None if there is none."""
+    if isinstance(obj, float) or (getattr(obj, "ndim", None) == 0 and hasattr(obj, "dtype")):
+        try:
+            value = float(obj)
+        except (TypeError, ValueError):
+            return None
+        return None if value == value and abs(value) != float("inf") else (where, repr(value))
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            found = _non_finite_path(value, f"{where}.{key}")
+            if found:
+                return found
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            found = _non_finite_path(value, f"{where}[{i}]")
+            if found:
+                return found
+    return None
 
 
 # ---------------------------------------------------------------- reading user files
@@ -143,8 +188,10 @@ def read_user_text(path: str | Path, what: str) -> str:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError(f"{what} file not found: {path}") from None
+    except IsADirectoryError:
+        raise UserError(f"{what} file {path} is a directory, not a file") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read {path}: {exc}") from None
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def parse_json_text(path: str | Path, raw: str) -> Any:

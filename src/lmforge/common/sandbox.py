@@ -82,7 +82,17 @@ kernel. Not root: no ``"uid"`` (and usually no ``"netns"``), Landlock and seccom
 Landlock: file confinement rests on the audit hook (and, as root, on ``nobody``'s permissions).
 
 Arguments go to the child in a JSON file that it deletes before user code runs; the result comes
-back as one JSON line on a dedicated pipe. ``stdout`` is the captured ``print`` output, capped at
+back as one JSON line on a dedicated pipe. **The parent never lets that pipe overrule what the
+kernel tells it**: code that escapes the namespace can write to the pipe too (the descriptor can be
+found by trying them), so a report is believed only when the process then ended by itself, in time,
+with status 0 (the wrapper's only way out), and the layers are taken from the line the wrapper
+writes *before* the user code starts (no user code can precede it). A wall-clock timeout, a death
+by signal (the CPU hard limit, a SIGKILL) or any other exit status is reported as such whatever the
+pipe holds. What code that ends itself with a report of its own can still choose is its value and
+its error message, which it chooses anyway by returning or raising; it cannot make a run that timed
+out or died look like a success, nor claim a defence that was not there. (The prelude's
+``sandbox_encode`` is bypassed by such code, so callers check the shape of values as they must
+anyway.) ``stdout`` is the captured ``print`` output, capped at
 ``max_output_bytes`` in the child and again in the parent; the child's stderr only feeds the one-line
 ``error`` when the process dies without a report. Codecs that ``str.encode`` would look up lazily
 (``cp1252``, ``idna``, ``utf_16``, ...) are loaded before the uid drop and Landlock.
@@ -194,8 +204,8 @@ class SandboxResult:
             ``"killed"`` (the process died without a report).
         layers: the defences that were active in the child, in the order they closed
             (``"rlimits"``, ``"netns"``, ``"uid"``, ``"landlock"``, ``"seccomp"``, ``"audit"``); a
-            kernel layer this machine does not offer is absent; empty when the child reported
-            nothing.
+            kernel layer this machine does not offer is absent; empty when the child died before
+            the sandbox closed. Always the wrapper's own list, written before the code ran.
     """
 
     ok: bool
@@ -445,23 +455,25 @@ def _classify(
     """Turn the child's report, exit status and stderr into a :class:`SandboxResult`."""
     import signal
 
-    report = _last_report(bufs["result"]) if not result_over else None
+    report, layers = _reports(bufs["result"]) if not result_over else (None, ())
     stdout = bufs["stdout"].decode("utf-8", errors="replace")
     if stdout_over or (report is not None and report.get("stdout_truncated")):
         stdout += f"\n[sandbox: output truncated at {limits.max_output_bytes} bytes]"
-    layers = tuple(str(x) for x in report.get("layers", ())) if report else ()
 
     def fail(kind: str, error: str) -> SandboxResult:
         return SandboxResult(False, None, _one_line(error), stdout, kind, layers)
 
     if result_over:
         return fail("error", f"the result is larger than {limits.max_result_bytes} bytes")
-    if report is not None and report.get("kind") in KINDS:
+    # What the kernel says comes first: the pipe may hold a report the code wrote itself before it
+    # stalled or died. The wrapper always ends with os._exit(0) right after its report.
+    if timed_out:
+        return fail("timeout", f"wall-clock limit of {limits.wall_seconds:g}s exceeded")
+    clean_exit = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    if clean_exit and report is not None and report.get("kind") in KINDS:
         if report["kind"] == "ok":
             return SandboxResult(True, report.get("value"), None, stdout, "ok", layers)
         return fail(report["kind"], str(report.get("error") or report["kind"]))
-    if timed_out:
-        return fail("timeout", f"wall-clock limit of {limits.wall_seconds:g}s exceeded")
     stderr = bufs["stderr"].decode("utf-8", errors="replace")
     last = next((ln.strip() for ln in reversed(stderr.splitlines()) if ln.strip()), "")
     cpu_limit = _cpu_limit(limits.cpu_seconds)
@@ -478,16 +490,33 @@ def _classify(
     return fail("killed", last or f"sandbox process exited with status {code} without a result")
 
 
-def _last_report(raw: bytearray) -> dict | None:
-    # User code can write to the result pipe too; the bootstrap's report is the last line it wrote.
-    for line in reversed(bytes(raw).splitlines()):
+def _reports(raw: bytearray) -> tuple[dict | None, tuple[str, ...]]:
+    """The final report on the result pipe and the layers of the wrapper's opening line.
+
+    The wrapper writes ``{"stage": "running", "layers": [...]}`` just before the user code starts;
+    nothing the code writes can come before it, so the layers are read from that line only. A
+    report after it may be the code's own (believed only on a clean exit, see :func:`_classify`):
+    the last one counts, as the wrapper writes last. Without the opening line the child never
+    reached the user code, and its single report (a setup failure) is entirely the wrapper's.
+    """
+    lines = []
+    for line in bytes(raw).splitlines():
         try:
-            report = json.loads(line)
+            obj = json.loads(line)
         except ValueError:
             continue
-        if isinstance(report, dict):
-            return report
-    return None
+        if isinstance(obj, dict):
+            lines.append(obj)
+    if not lines:
+        return None, ()
+    opening = lines[0]
+    if opening.get("stage") == "running":
+        reports = lines[1:]
+    else:
+        reports = lines[:1]
+    layers = opening.get("layers", ())
+    layers = tuple(str(x) for x in layers) if isinstance(layers, list) else ()
+    return (reports[-1] if reports else None), layers
 
 
 def _cpu_limit(cpu_seconds: float) -> int:
@@ -592,6 +621,11 @@ class _CappedStdout:
 
 def _child_main(payload_path: str, result_fd: int) -> None:
     """Entry point of the sandbox process (started by :func:`run_sandboxed`); never returns."""
+    # Hygiene only (a descriptor can be found by trying them): the parent never trusts the pipe
+    # beyond what the kernel confirms, see _classify.
+    del sys.argv[1:]
+    if hasattr(sys, "orig_argv"):
+        del sys.orig_argv[1:]
     layers: list[str] = []
     channel = _Channel(result_fd, layers)
     try:
@@ -605,6 +639,8 @@ def _child_main(payload_path: str, result_fd: int) -> None:
     sys.addaudithook(_make_audit_hook(tmp, _read_roots(), channel))
     # Kept in reserve so that a MemoryError report can still be built after the code used it all.
     reserve = bytearray(1 << 20)
+    # The opening line: the layers as measured here, before any user code can write to the pipe.
+    channel.send({"stage": "running"})
     try:
         report = _run_user_code(payload, prelude, tmp)
         channel.finish(report)  # serialises the value: may raise _NotJSONError or MemoryError

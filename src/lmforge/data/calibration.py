@@ -53,8 +53,10 @@ def read_texts(path: str | Path) -> list[str]:
     datasets are shipped), ``.json`` (a list of strings or of such records), or plain text (one
     document per blank-line-separated paragraph, as in WikiText's raw files)."""
     p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{p} is a directory, not a text file")
     if not p.is_file():
-        raise UserError(f"text file not found: {p}")
+        raise UserError(f"text file not found: {p}" if not p.exists() else f"{p} is not a regular file")
     try:
         raw = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

@@ -13,7 +13,10 @@ the notes in ``shared/papers/efficiency.md`` §1 read them from the code:
 * **Energy**: ``E = -T logsumexp(z / T)`` per position (T = 1), compared as histograms.
 
 Checked: scipy.stats has ``kendalltau``/``spearmanr`` for one pair of vectors; here they are
-vectorised over positions (a test checks them against scipy), since a run has thousands.
+vectorised over positions (a test checks them against scipy, ties included), since a run has
+thousands. As scipy: ties get average ranks (Spearman) or the tau-b correction (Kendall), and a row
+where either input is constant has no correlation (NaN). :func:`topk_agreement` averages over the
+positions where it is defined and gives None where none is, so no NaN reaches a results file.
 """
 
 from __future__ import annotations
@@ -43,21 +46,33 @@ def erank(hidden: torch.Tensor) -> float:
 
 
 def _ranks(x: torch.Tensor) -> torch.Tensor:
-    """Ranks 0..k-1 along the last dimension (ties broken by position, as argsort does)."""
-    return torch.argsort(torch.argsort(x, dim=-1), dim=-1).to(torch.float64)
+    """Ranks 1..k along the last dimension, tied values sharing their average rank (scipy's
+    ``rankdata(method="average")``): #(smaller) + (#(equal, itself included) + 1) / 2."""
+    x = x.double()
+    smaller = (x[..., None, :] < x[..., :, None]).sum(-1)
+    equal = (x[..., None, :] == x[..., :, None]).sum(-1)
+    return smaller.double() + (equal.double() + 1.0) / 2.0
 
 
 def spearman_rho(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Spearman's rho between ``a`` and ``b`` along the last dimension (one value per row)."""
+    """Spearman's rho between ``a`` and ``b`` along the last dimension (one value per row).
+
+    The Pearson correlation of the average ranks, as ``scipy.stats.spearmanr``; NaN for a row where
+    either input is constant (scipy's answer too): callers must not average it in blindly.
+    """
     ra, rb = _ranks(a), _ranks(b)
     ra = ra - ra.mean(dim=-1, keepdim=True)
     rb = rb - rb.mean(dim=-1, keepdim=True)
     den = (ra.pow(2).sum(-1) * rb.pow(2).sum(-1)).sqrt()
-    return torch.where(den > 0, (ra * rb).sum(-1) / den.clamp(min=1e-300), torch.ones_like(den))
+    rho = (ra * rb).sum(-1) / den.clamp(min=1e-300)
+    return torch.where(den > 0, rho.clamp(-1.0, 1.0), torch.full_like(den, math.nan))
 
 
 def kendall_tau(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Kendall's tau-b between ``a`` and ``b`` along the last dimension (one value per row)."""
+    """Kendall's tau-b between ``a`` and ``b`` along the last dimension (one value per row).
+
+    NaN for a row where either input is constant, as ``scipy.stats.kendalltau``.
+    """
     da = torch.sign(a[..., :, None] - a[..., None, :]).double()
     db = torch.sign(b[..., :, None] - b[..., None, :]).double()
     k = a.shape[-1]
@@ -66,7 +81,7 @@ def kendall_tau(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     ta = (da[..., upper] != 0).sum(-1).double()
     tb = (db[..., upper] != 0).sum(-1).double()
     den = (ta * tb).sqrt()
-    return torch.where(den > 0, concord / den.clamp(min=1e-300), torch.ones_like(den))
+    return torch.where(den > 0, concord / den.clamp(min=1e-300), torch.full_like(den, math.nan))
 
 
 @torch.no_grad()
@@ -76,6 +91,10 @@ def topk_agreement(original: torch.Tensor, compressed: torch.Tensor, k: int) -> 
     Args:
         original, compressed: logits ``(..., vocab)`` of the two models on the same inputs.
         k: how many top tokens.
+
+    Kendall's tau and Spearman's rho are undefined at a position where the compressed model's
+    logits on those k tokens are all equal (the original's top-k are distinct unless its own are
+    tied): such positions are left out of their mean, which is None when no position remains.
     """
     zo = original.detach().reshape(-1, original.shape[-1]).double()
     zc = compressed.detach().reshape(-1, compressed.shape[-1]).double()
@@ -88,9 +107,15 @@ def topk_agreement(original: torch.Tensor, compressed: torch.Tensor, k: int) -> 
     a, b = zo.gather(1, top_o), zc.gather(1, top_o)
     return {
         "jaccard": float(jaccard.mean()),
-        "kendall_tau": float(kendall_tau(a, b).mean()),
-        "spearman_rho": float(spearman_rho(a, b).mean()),
+        "kendall_tau": _defined_mean(kendall_tau(a, b)),
+        "spearman_rho": _defined_mean(spearman_rho(a, b)),
     }
+
+
+def _defined_mean(values: torch.Tensor) -> float | None:
+    """The mean of the finite entries; None when there is none (never NaN)."""
+    finite = values[torch.isfinite(values)]
+    return float(finite.mean()) if finite.numel() else None
 
 
 def energy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

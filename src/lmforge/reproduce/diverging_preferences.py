@@ -119,7 +119,8 @@ def run(opts: ReproduceOptions) -> ClaimResult:
             res = evaluate(model, test, cfg, dev_pairs=dev)
             rows[name]["acc"].append(res["preference_accuracy"])
             rows[name]["auroc"].append(res["diverging_id_auroc"])
-            rows[name]["sub"].append(res.get("substantial_diverging_id_auroc", float("nan")))
+            if "substantial_diverging_id_auroc" in res:  # absent: no substantially diverging test pair
+                rows[name]["sub"].append(res["substantial_diverging_id_auroc"])
             if name == "Mean-Var (KL)":
                 mv_model, mv_cfg, mv_lambda = model, cfg, res["lambda"]
             if si == 0:
@@ -141,7 +142,13 @@ def run(opts: ReproduceOptions) -> ClaimResult:
     acc_gap = m("Mean-Var (KL)", "acc") - m("BT (agg)", "acc")
     held = bool(gain >= GAIN and abs(acc_gap) <= ACC_TOL)
 
-    table_rows = [[n, round(m(n, "acc"), 3), round(m(n, "auroc"), 3), round(m(n, "sub"), 3),
+    def sub(name: str) -> float | str:
+        # An AUROC needs both classes: a test split without a substantially diverging pair has none
+        # (it was NaN once; results files hold strict JSON).
+        vals = rows[name]["sub"]
+        return round(statistics.mean(vals), 3) if vals else "n/a (no substantially diverging test pair)"
+
+    table_rows = [[n, round(m(n, "acc"), 3), round(m(n, "auroc"), 3), sub(n),
                    ", ".join(f"{v:.3f}" for v in rows[n]["auroc"])] for n in MODELS]
     a, f, d = judge_stats["all"], judge_stats["filtered"], judge_stats["dropped"]
     judge_rows = [

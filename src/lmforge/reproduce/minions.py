@@ -199,7 +199,8 @@ def run(opts: ReproduceOptions) -> ClaimResult:
         "MINIONS with the scripted correct reader": (
             None if ceiling is None else f"{_fmt_ratio(ceiling['cost_reduction'])} at "
                                          f"{_fmt_share(ceiling['quality_recovered'])}"),
-        f"reader-small on held-out {CHUNK_CHARS}-character jobs": {k: round(v, 3) for k, v in reader.items()},
+        f"reader-small on held-out {CHUNK_CHARS}-character jobs": {k: None if v is None else round(v, 3)
+                                                                     for k, v in reader.items()},
         "MINION worker": diag,
         f"MINIONS >= {MIN_REDUCTION:g}x cheaper at >= {MIN_QUALITY:.0%} of remote-only accuracy": held,
     }
@@ -264,7 +265,8 @@ def run(opts: ReproduceOptions) -> ClaimResult:
                   ["protocol", "n", "accuracy", "remote tokens/q", "remote $/q", "local tokens/q", "local calls/q",
                    "cheaper", "quality kept", "paper"], rows),
             Table(f"reader-small on held-out worker jobs ({CHUNK_CHARS}-character chunks, greedy)",
-                  ["metric", "value"], [[k, round(v, 3)] for k, v in reader.items()]),
+                  ["metric", "value"],
+                  [[k, "n/a (no such job in the sample)" if v is None else round(v, 3)] for k, v in reader.items()]),
             Table("Per question: gold and each protocol's answer (score)",
                   ["id", "operation", "gold", *ORDER], per_q),
         ],

@@ -81,6 +81,17 @@ def tail_mean(curve: list[float], k: int = TAIL) -> float:
     return sum(t) / len(t)
 
 
+def _finite_or_none(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float (a diverged run) replaced by None, for results.json."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_none(v) for v in obj]
+    return obj
+
+
 def _gap(a: list[float], ref: list[float]) -> float:
     """Relative gap of two curves' tail means."""
     return abs(tail_mean(a) - tail_mean(ref)) / tail_mean(ref)
@@ -269,6 +280,7 @@ def run(opts: ReproduceOptions) -> ClaimResult:
     if quick:
         notes.append("Quick mode: widths 64 and 128, 3 LRs per parametrization, 30 steps per point, 60-step FP8 "
                      "curves at width 64: within noise, not evidence.")
+    notes.append("A value of null (— in the tables) is a run that diverged (a NaN or infinite loss).")
     return ClaimResult(
         name="unit-scaling",
         title=TITLE,
@@ -276,14 +288,14 @@ def run(opts: ReproduceOptions) -> ClaimResult:
                "and training every hidden linear in FP8 with static casts matches higher precision, while SP "
                "underflows far more under the same casts."),
         paper=PAPER,
-        measured=measured,
+        measured=_finite_or_none(measured),
         held=bool(v["held"]),
         tables=[
             Table(f"Held-out loss after {sweep_steps} steps by learning rate (Lion) and width",
                   ["model", "width", *[f"lr #{i + 1}" for i in range(n_cols)], "best LR (fitted)"], sweep_rows),
             Table(f"FP8 (static casts) vs fp32 at width {fp8_width}: loss and cast statistics",
                   ["run", f"train loss (last {TAIL})", "held-out loss", "underflow act", "underflow weight",
-                   "underflow grad", "overflow act", "overflow weight", "overflow grad"], fp8_rows),
+                   "underflow grad", "overflow act", "overflow weight", "overflow grad"], _finite_or_none(fp8_rows)),
         ],
         figures=figs,
         notes=notes,

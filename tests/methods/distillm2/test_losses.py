@@ -80,7 +80,81 @@ def test_each_loss_matches_bruteforce_numpy(seed: int, alpha: float) -> None:
             "jsd": (L.generalized_jsd(s, t, alpha, mask), _np_per_token("jsd", sn, tn, alpha)),
         }
         for name, (got, per) in cases.items():
-            assert float(got) == pytest.approx(_np_reduce(per, mn), rel=1e-9, abs=1e-12), name
+            assert float(got.detach()) == pytest.approx(_np_reduce(per, mn), rel=1e-9, abs=1e-12), name
+
+
+def _np_masked_per_token(kind: str, s: np.ndarray, t: np.ndarray, a: float = 0.0) -> np.ndarray:
+    """Reference with -inf logits: each model's softmax over the whole vocabulary (exp(-inf) = 0), the
+    terms summed by loops over the entries where neither logit is -inf only (DistiLLM's inf_mask)."""
+    B, T, V = s.shape
+    out = np.zeros((B, T))
+    for b in range(B):
+        for i in range(T):
+            keep = [v for v in range(V) if np.isfinite(s[b, i, v]) and np.isfinite(t[b, i, v])]
+            if not keep:
+                continue  # a position masked everywhere contributes 0
+            sq, tp = s[b, i], t[b, i]
+            q = np.exp(sq - sq[np.isfinite(sq)].max()) if np.isfinite(sq).any() else np.zeros(V)
+            p = np.exp(tp - tp[np.isfinite(tp)].max()) if np.isfinite(tp).any() else np.zeros(V)
+            q, p = q / q.sum(), p / p.sum()
+            tot = 0.0
+            for v in keep:
+                m_skl, m_srkl = a * p[v] + (1 - a) * q[v], (1 - a) * p[v] + a * q[v]
+                tot += {"kl": p[v] * np.log(p[v] / q[v]), "rkl": q[v] * np.log(q[v] / p[v]),
+                        "skl": p[v] * np.log(p[v] / m_skl), "srkl": q[v] * np.log(q[v] / m_srkl),
+                        "jsd": a * p[v] * np.log(p[v] / m_skl) + (1 - a) * q[v] * np.log(q[v] / m_skl)}[kind]
+            out[b, i] = tot
+    return out
+
+
+def _masked_logits(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    s, t = _logits(seed, shape=(2, 3, 7))
+    s[..., [1, 4]] = t[..., [1, 4]] = -math.inf  # a vocabulary both models mask
+    t[0, 0, 2] = -math.inf  # the teacher alone masks an entry the student gives mass to
+    s[1, 2, 5] = -math.inf  # and the student alone
+    s[0, 1, 0] = t[0, 1, 6] = -math.inf  # each masks a different one at the same position
+    s[1, 0, :] = t[1, 0, :] = -math.inf  # a position masked everywhere (e.g. padding)
+    return s, t
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("alpha", [0.1, 0.5])
+def test_losses_are_finite_and_exclude_minus_inf_logits(seed: int, alpha: float) -> None:
+    s, t = _masked_logits(seed)
+    sn, tn = s.numpy(), t.numpy()
+    fns = {
+        "kl": lambda a, b, m, **k: L.forward_kl(a, b, m, **k),
+        "rkl": lambda a, b, m, **k: L.reverse_kl(a, b, m, **k),
+        "skl": lambda a, b, m, **k: L.skew_kl(a, b, alpha, m, **k),
+        "srkl": lambda a, b, m, **k: L.skew_reverse_kl(a, b, alpha, m, **k),
+        "jsd": lambda a, b, m, **k: L.generalized_jsd(a, b, alpha, m, **k),
+    }
+    for name, fn in fns.items():
+        per = _np_masked_per_token(name, sn, tn, alpha)
+        assert np.isfinite(per).all() and per.sum() > 1e-3, name  # the reference is not vacuous
+        for mask in (None, MASK):
+            for reduction in ("token", "sequence"):
+                mn = None if mask is None else mask.numpy()
+                sg, tg = s.clone().requires_grad_(True), t.clone().requires_grad_(True)
+                got = fn(sg, tg, mask, reduction=reduction)
+                assert float(got.detach()) == pytest.approx(_np_reduce(per, mn, reduction), rel=1e-9, abs=1e-12), name
+                got.backward()
+                assert torch.isfinite(sg.grad).all() and torch.isfinite(tg.grad).all(), name
+                # a left-out entry gets no gradient
+                assert float(sg.grad[..., [1, 4]].abs().max()) == 0.0, name
+                assert float(sg.grad[1, 0].abs().max()) == 0.0, name
+
+
+def test_a_shared_vocabulary_mask_is_the_divergence_on_the_finite_sub_vocabulary() -> None:
+    s, t = _logits(5, shape=(2, 3, 7))
+    keep = [0, 2, 3, 5, 6]
+    sm, tm = s.clone(), t.clone()
+    sm[..., [1, 4]] = tm[..., [1, 4]] = -math.inf
+    for fn in (L.forward_kl, L.reverse_kl, lambda a, b: L.skew_kl(a, b, 0.1),
+               lambda a, b: L.skew_reverse_kl(a, b, 0.1), lambda a, b: L.generalized_jsd(a, b, 0.5)):
+        assert float(fn(sm, tm)) == pytest.approx(float(fn(s[..., keep], t[..., keep])), rel=1e-12)
+    loss = L.distillm2_loss(sm, tm, sm, tm, 0.1, 0.5)
+    assert math.isfinite(float(loss)) and float(loss) > 0
 
 
 def test_alpha_zero_reduces_to_kl_and_reverse_kl_and_alpha_one_to_zero() -> None:

@@ -160,6 +160,40 @@ def test_log_interval_probs_match_scipy_far_into_the_tails(dtype):
         np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-6)
 
 
+def test_log_interval_probs_gradient_is_finite_in_float32():
+    """Where a float32 run once turned every weight into NaN (mean-variance KL, seed 1, epoch 10):
+    the open ends put z near -far/sd (-5e4 at sd 0.2), where log_ndtr's float32 backward is inf or
+    NaN for about 3% of the z values; and an interval holding all the mass makes log(1 - e^x) with
+    x near 0, whose other torch.where branch has an infinite derivative. A grid of states, each
+    interval weighted as the KL loss weights them."""
+    from lmforge.methods.diverging_prefs.core import log_interval_probs
+
+    dm = torch.linspace(-6.0, 6.0, 41).repeat_interleave(41)
+    sd = torch.cat([torch.linspace(0.15, 0.25, 41), torch.linspace(1e-3, 3e-3, 41)]).repeat(21)[: len(dm)]
+    d, s = dm.clone().requires_grad_(True), sd.clone().requires_grad_(True)
+    out = log_interval_probs(d, s)
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    w = torch.rand(out.shape, generator=torch.Generator().manual_seed(0))
+    (w * out).sum().backward()
+    assert torch.isfinite(d.grad).all() and torch.isfinite(s.grad).all()
+
+
+def test_meanvar_kl_training_stays_finite_where_it_once_became_nan():
+    """The run that went NaN (seed 1, epoch 10 of 25) now trains to the end with a falling loss."""
+    from lmforge.methods.diverging_prefs.config import DivergingPrefsConfig
+    from lmforge.methods.diverging_prefs.data import simulate_pairs
+    from lmforge.methods.diverging_prefs.heads import make_model
+    from lmforge.methods.diverging_prefs.train import train_reward_model
+
+    torch.set_num_threads(1)
+    train = simulate_pairs(1500, seed=11)
+    cfg = DivergingPrefsConfig(head="meanvar", epochs=12, seed=1)
+    model = make_model(cfg, in_dim=len(train[0].features_a))
+    hist = train_reward_model(model, train, cfg)
+    assert all(math.isfinite(h) for h in hist) and hist[-1] < hist[0]
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
 def test_kl_loss_pulls_a_confidently_wrong_pair_back():
     """Float32, Δμ = 2 with sd 0.42 and every annotator on the opposite strong label: the interval
     probability underflows as a CDF difference, but the loss keeps a gradient that lowers Δμ and

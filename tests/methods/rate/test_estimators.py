@@ -65,3 +65,15 @@ def test_input_checks_and_degenerate_sizes():
     one = E.paired(np.array([0.5]))
     assert one.value == 0.5 and math.isnan(one.se)
     assert E.paired(np.array([])).n == 0
+
+
+def test_undefined_estimates_are_none_in_json_not_nan():
+    import json
+
+    from lmforge.methods.rate.estimators import paired, unpaired
+
+    one = paired(np.array([0.5])).to_json()  # one unit: a mean, but no standard error
+    assert one["value"] == 0.5 and one["se"] is None and one["ci_low"] is None and one["n"] == 1
+    none = unpaired(np.array([1.0, 2.0]), np.array([])).to_json()  # no control unit at all
+    assert none["value"] is None and none["se"] is None
+    json.dumps([one, none], allow_nan=False)

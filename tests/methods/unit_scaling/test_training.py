@@ -1,4 +1,4 @@
-"""Short training runs: µS in simulated FP8 tracks fp32; SP under the same casts underflows more."""
+"""Short training runs: µS in simulated FP8 trains like fp32; SP under the same casts underflows more."""
 
 from __future__ import annotations
 
@@ -16,14 +16,27 @@ def corpus():
     return char_corpus(0, n_paragraphs=600)
 
 
-def test_mus_fp8_within_two_percent_of_fp32(corpus):
+def test_mus_fp8_trains_like_fp32(corpus):
+    """The mechanism: simulated FP8 (static casts) trains a µS model as fp32 does, and saturates nothing.
+
+    NOTE: this test once asserted the paper's claim itself, a gap of at most 2% after 150 steps, and
+    failed on a fresh machine (0.0206). Measured here (width 64, lr 2^-5, 150 steps), the held-out
+    gap is 0.0018, 0.0183, 0.0645 and 0.0013 for seeds 0-3, and 0.0103 for seed 0 with ATen's
+    non-vectorised kernels (another CPU's rounding): at this size the gap is run-to-run noise of the
+    order of the claim. The 2% claim is the unit-scaling reproduction's (``µS FP8 within 2% of
+    fp32``, with the fp32 seed-to-seed gap beside it); this test keeps what noise cannot move: both
+    runs learn (a broken cast path, e.g. gradients flushed to zero, leaves the loss near log(vocab)
+    ~ 3.9 nats, a working one ends near 0.3 of its start), the curves stay within 25% of each other
+    (4x the worst gap measured), and no value saturates.
+    """
     lr, steps = 2.0 ** -5, 150
     f32 = train_run("mus", 64, corpus, lr, steps, seed=0)
     f8 = train_run("mus", 64, corpus, lr, steps, fp8=True, count=True, seed=0)
-    # It learned something (a uniform guess over the characters is log(vocab) ~ 3.9 nats).
+    # Both learned something (a uniform guess over the characters is log(vocab) ~ 3.9 nats).
     assert _tail(f32.losses) < 0.6 * f32.losses[0]
-    assert abs(_tail(f8.losses) - _tail(f32.losses)) / _tail(f32.losses) <= 0.02
-    assert abs(f8.heldout - f32.heldout) / f32.heldout <= 0.02
+    assert _tail(f8.losses) < 0.6 * f8.losses[0]
+    assert abs(_tail(f8.losses) - _tail(f32.losses)) / _tail(f32.losses) <= 0.25
+    assert abs(f8.heldout - f32.heldout) / f32.heldout <= 0.25
     # Unit scaling keeps everything inside the formats' ranges: nothing saturates.
     assert all(v["overflow"] == 0 for v in f8.counters.values())
 

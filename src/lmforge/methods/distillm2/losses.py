@@ -27,6 +27,15 @@ Checked against the official code (github.com/jongwooko/distillm-2, ``src/distil
       student responses) and ``m`` a stored batch-average of ``g``.
     * No temperature (logits used as is).
 
+Masked vocabularies (logits of -inf): as DistiLLM's official code (github.com/jongwooko/distillm,
+``distillm/losses.py``: ``inf_mask = torch.isinf(logits) | torch.isinf(teacher_logits)``, then
+``masked_fill(..., inf_mask, 0)`` on every per-vocabulary term), a vocabulary entry where either
+model's logit is -inf is left out of the sum. The distributions stay the models' softmaxes over the
+whole vocabulary (a -inf entry has probability 0); with a mask both models share this is the
+divergence on the finite sub-vocabulary. A position where every entry is -inf contributes 0. Values
+and gradients are finite (no ``-inf - -inf``, no ``0 * inf``). NOTE: DistiLLM-2's released
+``get_batch_logps`` has no such masking (a -inf logit there gives NaN); we follow DistiLLM's.
+
 Conventions: p = teacher, q = student. All logits are (B, T, V); ``mask`` is (B, T) bool/float, nonzero
 on the response tokens that count. The elementary divergences return the mean over masked tokens of
 the per-token divergence (summed over the vocabulary); pass ``reduction="sequence"`` to average per
@@ -101,6 +110,33 @@ def reduce_tokens(
     raise ValueError(f"unknown reduction {reduction!r}; use 'token' or 'sequence'")
 
 
+def _log_probs(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """log q, log p and the (B, T, V) bool mask of the entries left out (either logit is -inf).
+
+    Left-out entries hold log-probability 0 in both (finite, so no NaN reaches a value or a gradient);
+    every per-vocabulary term below is 0 there and is also zeroed explicitly by :func:`_vocab_sum`.
+    """
+    out = torch.isneginf(student_logits) | torch.isneginf(teacher_logits)
+
+    def log_softmax(logits: torch.Tensor) -> torch.Tensor:
+        # A position masked everywhere would give -inf - (-inf) = NaN: give it finite logits; all
+        # its entries are left out anyway.
+        dead = torch.isneginf(logits).all(-1, keepdim=True)
+        logits = torch.where(dead, torch.zeros_like(logits), logits)
+        logp = F.log_softmax(logits / temperature, dim=-1)
+        return torch.where(out, torch.zeros_like(logp), logp)
+
+    return log_softmax(student_logits), log_softmax(teacher_logits), out
+
+
+def _vocab_sum(log_input: torch.Tensor, log_target: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """sum_v exp(log_target) * (log_target - log_input) over the entries not left out: (B, T)."""
+    term = F.kl_div(log_input, log_target, reduction="none", log_target=True)
+    return torch.where(out, torch.zeros_like(term), term).sum(-1)
+
+
 def _log_mix(log_a: torch.Tensor, log_b: torch.Tensor, w_a: float | torch.Tensor) -> torch.Tensor:
     """log(w_a*a + (1-w_a)*b) computed in log space (w_a in [0, 1], endpoints exact)."""
     if isinstance(w_a, torch.Tensor):
@@ -136,10 +172,9 @@ def forward_kl(
         Scalar mean over masked tokens.
     """
     _check(student_logits, teacher_logits)
-    log_q = F.log_softmax(student_logits, dim=-1)
-    log_p = F.log_softmax(teacher_logits, dim=-1)
+    log_q, log_p, out = _log_probs(student_logits, teacher_logits)
     # xlogy-style: p*log p where p = 0 contributes 0 (kl_div with log_target handles it).
-    per_tok = F.kl_div(log_q, log_p, reduction="none", log_target=True).sum(-1)
+    per_tok = _vocab_sum(log_q, log_p, out)
     return reduce_tokens(per_tok, mask, reduction)
 
 
@@ -162,9 +197,8 @@ def reverse_kl(
         Scalar mean over masked tokens.
     """
     _check(student_logits, teacher_logits)
-    log_q = F.log_softmax(student_logits, dim=-1)
-    log_p = F.log_softmax(teacher_logits, dim=-1)
-    per_tok = F.kl_div(log_p, log_q, reduction="none", log_target=True).sum(-1)
+    log_q, log_p, out = _log_probs(student_logits, teacher_logits)
+    per_tok = _vocab_sum(log_p, log_q, out)
     return reduce_tokens(per_tok, mask, reduction)
 
 
@@ -193,10 +227,9 @@ def skew_kl(
     """
     _check(student_logits, teacher_logits)
     _check_alpha(alpha)
-    log_q = F.log_softmax(student_logits, dim=-1)
-    log_p = F.log_softmax(teacher_logits, dim=-1)
+    log_q, log_p, out = _log_probs(student_logits, teacher_logits)
     log_mix = _log_mix(log_p, log_q, alpha)
-    per_tok = F.kl_div(log_mix, log_p, reduction="none", log_target=True).sum(-1)
+    per_tok = _vocab_sum(log_mix, log_p, out)
     return reduce_tokens(per_tok, mask, reduction)
 
 
@@ -227,11 +260,10 @@ def skew_reverse_kl(
     """
     _check(student_logits, teacher_logits)
     _check_alpha(alpha)
-    log_q = F.log_softmax(student_logits, dim=-1)
-    log_p = F.log_softmax(teacher_logits, dim=-1)
+    log_q, log_p, out = _log_probs(student_logits, teacher_logits)
     # mixture weight on sg(q) is alpha, on p is 1 - alpha
     log_mix = _log_mix(log_q.detach(), log_p, alpha)
-    per_tok = F.kl_div(log_mix, log_q, reduction="none", log_target=True).sum(-1)
+    per_tok = _vocab_sum(log_mix, log_q, out)
     return reduce_tokens(per_tok, mask, reduction)
 
 
@@ -267,17 +299,16 @@ def generalized_jsd(
     _check(student_logits, teacher_logits)
     if not 0.0 <= float(beta) <= 1.0:
         raise ValueError(f"beta must lie in [0, 1], got {beta}")
-    log_q = F.log_softmax(student_logits / temperature, dim=-1)
-    log_p = F.log_softmax(teacher_logits / temperature, dim=-1)
+    log_q, log_p, out = _log_probs(student_logits, teacher_logits, temperature)
     beta = float(beta)
     if beta == 0.0:
-        per_tok = F.kl_div(log_q, log_p, reduction="none", log_target=True).sum(-1)
+        per_tok = _vocab_sum(log_q, log_p, out)
     elif beta == 1.0:
-        per_tok = F.kl_div(log_p, log_q, reduction="none", log_target=True).sum(-1)
+        per_tok = _vocab_sum(log_p, log_q, out)
     else:
         log_m = _log_mix(log_p, log_q, beta)
-        kl_p = F.kl_div(log_m, log_p, reduction="none", log_target=True).sum(-1)
-        kl_q = F.kl_div(log_m, log_q, reduction="none", log_target=True).sum(-1)
+        kl_p = _vocab_sum(log_m, log_p, out)
+        kl_q = _vocab_sum(log_m, log_q, out)
         per_tok = beta * kl_p + (1.0 - beta) * kl_q
     return reduce_tokens(per_tok, mask, reduction)
 

@@ -131,6 +131,11 @@ def log_interval_probs(delta_mu: torch.Tensor, sd: torch.Tensor,
     # hugely negative number, which gives the same values while keeping the unused branch of each
     # torch.where finite (an infinite z there makes the gradient 0 * inf = nan).
     far = 1e4
+    # NOTE: in float64. The open ends put z near -far/sd (-5e4 at sd 0.2), where log_ndtr's float32
+    # backward, exp(-z²/2 - log Φ(z)) with both terms near -1e9, is NaN: it made every weight NaN
+    # (mean-variance KL, seed 1, epoch 10). float64 keeps it exact to |z| ~ 1e7 (sd >= min_sigma).
+    dtype = delta_mu.dtype
+    delta_mu, sd = delta_mu.double(), sd.double()
     lo = torch.tensor([-far, -c1, -c0, c0, c1], dtype=delta_mu.dtype, device=delta_mu.device)
     hi = torch.tensor([-c1, -c0, c0, c1, far], dtype=delta_mu.dtype, device=delta_mu.device)
     za = (lo - delta_mu.unsqueeze(-1)) / sd.unsqueeze(-1)
@@ -139,8 +144,13 @@ def log_interval_probs(delta_mu: torch.Tensor, sd: torch.Tensor,
     big = torch.where(upper, torch.special.log_ndtr(-za), torch.special.log_ndtr(zb))
     small = torch.where(upper, torch.special.log_ndtr(-zb), torch.special.log_ndtr(za))
     # log(1 − exp(x)) for x = small − big ≤ 0 (an open end gives x ≈ −5e7/sd², i.e. log 1 = 0).
-    x = (small - big).clamp(max=-1e-30)
-    return big + torch.where(x > -0.693, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+    x = (small - big).clamp(max=-1e-300)
+    near = x > -0.693
+    # NOTE: each branch gets an input it is finite on. log1p(−exp(x)) at x ≈ 0 is −inf with an
+    # infinite derivative, and torch.where's gradient for the branch it did not pick is 0 * inf = nan:
+    # one such pair in a batch turned every weight into NaN (mean-variance KL, seed 1, epoch 10).
+    x_far = torch.where(near, torch.full_like(x, -1.0), x)
+    return (big + torch.where(near, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x_far)))).to(dtype)
 
 
 def meanvar_kl_loss(

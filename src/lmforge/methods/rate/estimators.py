@@ -42,7 +42,8 @@ class Estimate:
     ci_high: float
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """As a dict; an undefined number (no unit, or one: no standard error) is None, not NaN."""
+        return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in asdict(self).items()}
 
 
 def _estimate(value: float, se: float, n: int, confidence: float) -> Estimate:
