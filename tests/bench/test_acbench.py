@@ -191,7 +191,7 @@ def test_task_selection_by_capability() -> None:
 
     assert parse_task_list(["real_world"]) == ["blocksworld", "toolquery"]
     assert parse_task_list(["niah,worfbench", "niah"]) == ["niah", "worfbench"]
-    assert len(parse_task_list(None)) == 12
+    assert len(parse_task_list(None)) == 13  # the twelve ACBench tasks and BFCL
 
 
 def test_answer_divergence_matches_the_scorer_and_is_zero_against_itself(small) -> None:
