@@ -199,12 +199,16 @@ def parse_task_list(spec: Sequence[str] | None) -> list[str]:
     return out
 
 
-def _load_tasks() -> None:
-    if not TASKS:
-        import importlib
+_TASK_MODULES = ("lmforge.bench.task_defs", "lmforge.bench.task_bfcl")  # the twelve tasks; bfcl
 
-        importlib.import_module("lmforge.bench.task_defs")  # registers the twelve tasks
-        importlib.import_module("lmforge.bench.task_bfcl")  # registers bfcl
+
+def _load_tasks() -> None:
+    # Every module, every time (imports are cached): a caller that imported one of them directly
+    # must not leave the registry without the others.
+    import importlib
+
+    for name in _TASK_MODULES:
+        importlib.import_module(name)
 
 
 # --------------------------------------------------------------------------------------------------
