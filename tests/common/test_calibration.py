@@ -254,7 +254,7 @@ def test_gpt2_conv1d_treated_as_linear(models, tokenizer):
     with pytest.raises(UserError):
         accumulate_linear_stats(layer, inputs, names=["attn.q_proj"])
     # The hooks are gone afterwards.
-    assert all(not m._forward_hooks for m in linear_modules(layer).values())
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in linear_modules(layer).values())
 
 
 def test_shared_inputs_share_one_accumulator(models, tokenizer):
@@ -273,3 +273,85 @@ def test_shared_inputs_share_one_accumulator(models, tokenizer):
             assert shared[name].n_samples == plain[name].n_samples
             torch.testing.assert_close(shared[name].hessian, plain[name].hessian)
         break
+
+
+# ------------------------------------------------------------------------------------------------
+# The fast paths of the engine (triangular X^T X, forwards cut short), against plain computations
+
+
+@pytest.mark.parametrize("n,rows,h_dtype", [(576, 300, torch.float64), (1536, 97, torch.float32), (100, 40, torch.float64)])
+def test_add_gram_equals_the_full_product(n, rows, h_dtype):
+    from lmforge.common.calibration import add_gram
+
+    g = torch.Generator().manual_seed(n)
+    X = torch.randn(rows, n, generator=g)
+    A = torch.randn(n, n, generator=g, dtype=torch.float64)
+    H0 = A @ A.T
+    H0 = ((H0 + H0.T) / 2).to(h_dtype)  # an exactly symmetric start, as a running Hessian is
+    H = H0.clone()
+    add_gram(H, X)
+    expected = H0.double() + X.double().T @ X.double()
+    if n > 192:  # the blocked path mirrors its blocks: exactly symmetric
+        assert torch.equal(H, H.T)
+    # float32 products: relative to the entries' scale, about sqrt(rows) float32 roundings.
+    torch.testing.assert_close(H.double(), expected, rtol=0, atol=1e-4 * float(expected.abs().max()))
+
+
+def _naive_linear_hessians(layer, inputs):
+    """``(2/N) X^T X`` per linear from plain forward hooks over full forwards, in float64."""
+    sums, counts, handles = {}, {}, []
+    current = {}
+
+    def make(name):
+        def hook(module, args, output):
+            x = args[0].detach().double()
+            m = current["mask"]
+            x = x[m.bool()] if m is not None else x.reshape(-1, x.shape[-1])
+            sums[name] = sums.get(name, 0) + x.T @ x
+            counts[name] = counts.get(name, 0) + x.shape[0]
+
+        return hook
+
+    for name, mod in linear_modules(layer).items():
+        handles.append(mod.register_forward_hook(make(name)))
+    try:
+        with torch.no_grad():
+            for b in range(len(inputs)):
+                current["mask"] = inputs.padding_masks[b] if b < len(inputs.padding_masks) else None
+                inputs.run(layer, b)
+    finally:
+        for h in handles:
+            h.remove()
+    return {k: 2.0 / counts[k] * sums[k] for k in sums}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("share", [False, True])
+def test_every_linear_hessian_equals_a_naive_hook_loop(models, tokenizer, family, share):
+    # The later batches' forwards end at the last linear's input: its Hessian and every earlier
+    # one must still be those of full forwards, batch by batch, padding left out.
+    model = models[family]
+    for i, layer, inputs in iterate_layers(model, calib_batches(len(tokenizer))):
+        stats = accumulate_linear_stats(layer, inputs, dtype=torch.float64, share_inputs=share)
+        naive = _naive_linear_hessians(layer, inputs)
+        assert set(stats) == set(naive)
+        for name, H in naive.items():
+            torch.testing.assert_close(stats[name].hessian, H, atol=1e-6, rtol=1e-5, msg=f"{family} {i} {name}")
+        assert all(not m._forward_hooks and not m._forward_pre_hooks for m in linear_modules(layer).values())
+
+
+def test_run_last_false_leaves_the_last_layer_unrun(models, tokenizer):
+    model = models["llama"]
+    batches = calib_batches(len(tokenizer))
+    seen = []
+    for i, layer, inputs in iterate_layers(model, batches, run_last=False):
+        seen.append([h.clone() for h in inputs.hidden_states])
+        last = inputs
+    assert len(seen) == len(get_decoder_layers(model))
+    # The stored states are still the last layer's inputs, not its outputs.
+    for a, b in zip(last.hidden_states, seen[-1]):
+        assert torch.equal(a, b)
+    refs = reference_hidden_states(model, batches)
+    for b, ref in enumerate(refs):
+        mask = batches[b]["attention_mask"].bool() if isinstance(batches[b], dict) else slice(None)
+        torch.testing.assert_close(last.hidden_states[b][mask], ref[-2][mask], atol=1e-5, rtol=1e-5)

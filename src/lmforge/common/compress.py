@@ -12,7 +12,8 @@ the same layers with its own per-layer search). For each decoder layer, in order
 4. the relative output error ``||W X - W' X|| / ||W X||`` on this layer's calibration inputs is
    recorded from ``H`` (no activations kept).
 
-Modules that share one input (q/k/v, gate/up) are hooked once and share one Hessian.
+Modules that share one input (q/k/v, gate/up) are hooked once and share one Hessian; a method may
+take them in one call (``group_fn``: GPTQ sweeps their stacked rows once).
 
 Checked: llm-compressor runs this pipeline inside its modifiers with no public per-tensor hook; this
 module is the same pipeline written against lmforge's calibration capture.
@@ -161,6 +162,8 @@ def layers_prefix(model: nn.Module, layers: nn.ModuleList) -> str:
 
 
 LinearFn = Callable[[str, torch.Tensor, torch.Tensor], LinearResult]
+# ``(full names, weights, H) -> results``, one call for modules that share one Hessian.
+GroupFn = Callable[[list[str], list[torch.Tensor], torch.Tensor], list[LinearResult]]
 
 
 def compress_linears(
@@ -175,6 +178,7 @@ def compress_linears(
     progress: bool = True,
     layer_errors: bool = True,
     needs: str = "hessian",
+    group_fn: GroupFn | None = None,
 ) -> CompressionResult:
     """Compress every linear module of every decoder layer with ``fn(full_name, W, H)``.
 
@@ -192,6 +196,10 @@ def compress_linears(
             ``rel_error`` is None).
         needs: what ``fn`` reads of ``H``: ``"hessian"`` (all of it) or ``"diag"`` (only its diagonal,
             e.g. Wanda); with ``"diag"`` and ``layer_errors`` off only ``diag(H)`` is accumulated.
+        group_fn: optional; called instead of ``fn`` once for the modules of a layer that share one
+            Hessian (q/k/v, gate/up), with their names and weights in module order, returning one
+            result per module. It must equal ``fn`` applied to each (GPTQ sweeps the stacked rows
+            once: every row's sweep is independent given the shared factorization).
 
     Raises:
         UserError: for an empty calibration set or a model without linear layers to compress.
@@ -202,7 +210,8 @@ def compress_linears(
     prefixes = list(plan)
     result = CompressionResult(method=method, config=config)
     start = time.perf_counter()
-    for i, layer, inputs in iterate_layers(model, calib_batches, progress=progress):
+    # The last layer's outputs feed nothing: run_last=False skips that forward.
+    for i, layer, inputs in iterate_layers(model, calib_batches, progress=progress, run_last=False):
         if i == 0:
             result.n_calib_tokens = inputs.n_tokens()
         names = plan[prefixes[i]]
@@ -213,15 +222,35 @@ def compress_linears(
             layer, inputs, names, dtype=hessian_dtype, share_inputs=True, diag_only=diag_only
         )
         modules = linear_modules(layer)
+        live = [n for n in names if hessians[n].n_samples > 0]
+        weights = {n: get_weight(modules[n]) for n in live}
+        results: dict[str, LinearResult] = {}
+        hess: dict[str, torch.Tensor] = {}
+        # Modules sharing one accumulator (the same object) form one group, in module order.
+        groups: dict[int, list[str]] = {}
+        for name in live:
+            groups.setdefault(id(hessians[name]), []).append(name)
+        for group in groups.values():
+            H = hessians[group[0]].hessian
+            hess.update((n, H) for n in group)
+            fulls = [f"{prefixes[i]}.{n}" for n in group]
+            if group_fn is not None and len(group) > 1:
+                outs = group_fn(fulls, [weights[n] for n in group], H)
+                if len(outs) != len(group):
+                    raise RuntimeError(f"group_fn returned {len(outs)} results for {len(group)} modules")
+                results.update(zip(group, outs))
+            else:
+                for n, full in zip(group, fulls):
+                    results[n] = fn(full, weights[n], H)
         for name in names:
             full = f"{prefixes[i]}.{name}"
             mod = modules[name]
-            if hessians[name].n_samples == 0:
+            if name not in results:
                 result.skipped.append(full)
                 continue
-            W = get_weight(mod)
-            H = hessians[name].hessian
-            res = fn(full, W, H)
+            W = weights[name]
+            H = hess[name]
+            res = results[name]
             set_weight(mod, res.weight)
             if res.quantized is not None:
                 result.quantized[full] = res.quantized

@@ -204,7 +204,8 @@ def apply_awq(
     refused: list[str] = []
     pending: dict[str, tuple[nn.Module, torch.Tensor]] = {}
     start = time.perf_counter()
-    for i, layer, inputs in iterate_layers(model, calib_batches, progress=progress):
+    # run_last=False: the last layer's outputs feed nothing.
+    for i, layer, inputs in iterate_layers(model, calib_batches, progress=progress, run_last=False):
         if i == 0:
             result.n_calib_tokens = inputs.n_tokens()
         names = plan[f"{prefix}.{i}"]
