@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from lmforge.bench import acbench
@@ -206,6 +207,38 @@ def test_answer_divergence_matches_the_scorer_and_is_zero_against_itself(small) 
         assert nll == pytest.approx(-r.mean, abs=1e-5)
     assert all(abs(k) < 1e-6 for k in d["kl"])
     assert all(math.isfinite(x) for x in d["nll"])
+
+
+def test_answer_divergence_from_the_cached_original_equals_a_fresh_forward(small) -> None:
+    import copy
+
+    from lmforge.bench.divergence import answer_divergence
+
+    model, tok = small
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    pairs = [("Task: Email Anna.\nPlan:\n", "Node:\n1: write an email to Anna"),
+             ("Goal: [A B]\nState: [A] [B]\nAction:", " move B onto A"), ("Q: 2+2?\nA:", " 4")]
+    fresh = answer_divergence(other, model, tok, pairs, batch_size=2)
+    assert min(fresh["kl"]) > 1e-4  # the perturbation shows
+    cache: dict = {}
+    answer_divergence(model, None, tok, pairs, batch_size=2, base_cache=cache)  # the original's own cell
+    assert len(cache) == len(pairs)
+    calls = []
+    handle = model.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        cached = answer_divergence(other, model, tok, pairs, batch_size=2, base_cache=cache)
+        assert not calls  # the original never ran again
+        # a pair the cache lacks runs the original for its batch
+        answer_divergence(other, model, tok, pairs + [("Q: 3+3?\nA:", " 6")], batch_size=8, base_cache=cache)
+        assert len(calls) == 1
+    finally:
+        handle.remove()
+    assert cached["nll"] == fresh["nll"]
+    for a, b in zip(cached["kl"], fresh["kl"]):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-7)
 
 
 def test_episode_actions_get_enough_new_tokens(small, tmp_path: Path) -> None:

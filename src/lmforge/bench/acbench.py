@@ -294,12 +294,14 @@ def _generate_texts(model: Any, tok: Any, items: list[Item], batch_size: int, ad
 
 
 def _single_turn_cell(task: SingleTurnTask, items: list[Item], model: Any, base: Any, tok: Any,
-                      ctx: Context, opts: BenchOptions, advance: Callable[[int], None]) -> dict[str, Any]:
+                      ctx: Context, opts: BenchOptions, advance: Callable[[int], None],
+                      base_cache: dict[Any, Any] | None = None) -> dict[str, Any]:
     from lmforge.bench.divergence import answer_divergence
 
     responses = _generate_texts(model, tok, items, opts.batch_size, advance)
     scores = [task.score(it, r, ctx) for it, r in zip(items, responses)]
-    div = answer_divergence(model, base, tok, [(it.prompt, it.reference) for it in items], batch_size=opts.batch_size)
+    div = answer_divergence(model, base, tok, [(it.prompt, it.reference) for it in items], batch_size=opts.batch_size,
+                            base_cache=base_cache)
     per_item = [
         {"id": it.id, "response": r, **s, "nll": n, "kl": k, **{f"meta_{m}": v for m, v in it.meta.items()}}
         for it, r, s, n, k in zip(items, responses, scores, div["nll"], div["kl"])
@@ -318,7 +320,8 @@ def _single_turn_cell(task: SingleTurnTask, items: list[Item], model: Any, base:
 
 
 def _episodic_cell(task: EpisodicTask, records: list[Any], model: Any, base: Any, tok: Any,
-                   ctx: Context, opts: BenchOptions, advance: Callable[[int], None]) -> dict[str, Any]:
+                   ctx: Context, opts: BenchOptions, advance: Callable[[int], None],
+                   base_cache: dict[Any, Any] | None = None) -> dict[str, Any]:
     from lmforge.bench.divergence import answer_divergence
     from lmforge.common.generation import generate
 
@@ -330,7 +333,7 @@ def _episodic_cell(task: EpisodicTask, records: list[Any], model: Any, base: Any
     episodes = task.rollout(policy, records, ctx)
     advance(len(records))
     pairs = task.expert_pairs(records, ctx)
-    div = answer_divergence(model, base, tok, pairs, batch_size=opts.batch_size)
+    div = answer_divergence(model, base, tok, pairs, batch_size=opts.batch_size, base_cache=base_cache)
     metrics = _mean_metrics([{k: v for k, v in e.items() if isinstance(v, (int, float))} for e in episodes])
     metrics["answer_nll"] = float(sum(div["nll"]) / max(1, len(pairs)))
     metrics["answer_kl"] = float(sum(div["kl"]) / max(1, len(pairs)))
@@ -413,6 +416,9 @@ def run_acbench(opts: BenchOptions) -> dict[str, Any]:
                       embed=embed, length_buckets=tuple(opts.length_buckets), max_positions=max_positions(base),
                       max_steps=opts.max_steps, scoring=opts.scoring)
         task_items: dict[str, Any] = {}
+        # The original's log-probs at the gold completions, kept from its own cells: the compressed
+        # settings' KL then needs no second forward of the original (a miss, after a resume, runs it).
+        base_lp: dict[Any, Any] = {}
         for t in tasks:
             task = get_task(t)
             if isinstance(task, SingleTurnTask):
@@ -449,10 +455,10 @@ def run_acbench(opts: BenchOptions) -> dict[str, Any]:
                         _prog.advance(_bar, n)
 
                     if isinstance(task, SingleTurnTask):
-                        cell = _single_turn_cell(task, recs, model, ref, tok, ctx, opts, advance)
+                        cell = _single_turn_cell(task, recs, model, ref, tok, ctx, opts, advance, base_lp)
                     else:
                         assert isinstance(task, EpisodicTask)
-                        cell = _episodic_cell(task, recs, model, ref, tok, ctx, opts, advance)
+                        cell = _episodic_cell(task, recs, model, ref, tok, ctx, opts, advance, base_lp)
                 cell.update(model=model_spec, setting=setting.label, task=t, capability=task.capability,
                             primary=task.primary, scale=task.scale, n=len(recs), seconds=round(time.perf_counter() - start, 2),
                             prompt_format=ctx.fmt, runtime=runtime_record(torch_dtype))

@@ -50,9 +50,16 @@ def _batch(rows: list[list[int]], pad: int, device: torch.device) -> tuple[torch
 @torch.no_grad()
 def answer_divergence(
     model: nn.Module, base: nn.Module | None, tokenizer: Any, pairs: Sequence[tuple[str, str]], *, batch_size: int = 8,
+    base_cache: dict[tuple[tuple[int, ...], tuple[int, ...]], torch.Tensor] | None = None,
 ) -> dict[str, list[float]]:
     """Per pair ``(prompt, gold completion)``: ``nll`` (mean over completion tokens, nats) of ``model``,
-    and ``kl`` = mean ``KL(base || model)`` over those positions (0 when ``base`` is None)."""
+    and ``kl`` = mean ``KL(base || model)`` over those positions (0 when ``base`` is None).
+
+    ``base_cache`` (optional) holds the base model's log-probabilities at the completion positions,
+    keyed by the pair's tokens: with ``base`` None it is filled from ``model`` (the original, scored
+    first), and with a ``base`` a batch whose pairs are all in it skips the base forward. One cache
+    serves one base model at one dtype (ACBench keeps one per model of a run); a miss runs the base.
+    """
     limit = max_positions(model)
     pad = pad_token_id(tokenizer, eos_token_ids(model, tokenizer))
     encoded = [_fit(*encode_pair(tokenizer, p, c), limit) for p, c in pairs]
@@ -66,8 +73,10 @@ def answer_divergence(
             rows = [encoded[i][0] + encoded[i][1] for i in idx]
             ids, mask = _batch(rows, pad, dev)
             lp = F.log_softmax(model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float(), -1)
+            keys = [(tuple(encoded[i][0]), tuple(encoded[i][1])) for i in idx]
+            cached = base is not None and base_cache is not None and all(k in base_cache for k in keys)
             lp_base = None
-            if base is not None:
+            if base is not None and not cached:
                 with inference(base):
                     out = base(input_ids=ids.to(model_device(base)), attention_mask=mask.to(model_device(base)), use_cache=False)
                 lp_base = F.log_softmax(out.logits.float(), -1).to(lp.device)
@@ -76,9 +85,14 @@ def answer_divergence(
                 pos = torch.arange(len(ctx) - 1, len(ctx) - 1 + len(cont), device=lp.device)
                 target = torch.tensor(cont, device=lp.device)
                 nll[i] = float(-lp[r, pos, target].mean())
-                if lp_base is not None:
-                    pb = lp_base[r, pos]
-                    kl[i] = float((pb.exp() * (pb - lp[r, pos])).sum(-1).mean())
+                if base is None:
+                    if base_cache is not None:
+                        base_cache[keys[r]] = lp[r, pos].cpu().clone()
+                    continue
+                pb = base_cache[keys[r]].to(lp.device) if cached else lp_base[r, pos]
+                if base_cache is not None and not cached:
+                    base_cache[keys[r]] = pb.cpu().clone()
+                kl[i] = float((pb.exp() * (pb - lp[r, pos])).sum(-1).mean())
     return {"nll": nll, "kl": kl}
 
 
