@@ -52,6 +52,8 @@ REAL_MAX_STEPS = 6
 # block and the MLP on every calibration token 20 times per layer (fp32, as calibration stays), so its
 # cost is linear in the windows. 8 x 512 (4,096 tokens) is the cut, chosen for time, before the next run.
 REAL_CALIB = (8, 512)
+
+
 def _mean(xs: list[float]) -> float | None:
     xs = [x for x in xs if x is not None]
     return sum(xs) / len(xs) if xs else None
