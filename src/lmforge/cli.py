@@ -442,6 +442,7 @@ def bench_acbench(
     scoring: Annotated[str, typer.Option(help="official (default: the official evaluators' rules, what papers report) | lmforge (lmforge's own WorfBench reading).")] = "official",
     length_buckets: Annotated[str, typer.Option(help="LongBench length bucket edges (words).")] = "4000,8000",
     max_steps: Annotated[int, typer.Option(help="Step cap of the AgentBoard episodes.")] = 30,
+    shots: Annotated[int, typer.Option(help="Worked examples (generated plans, never an evaluated record) before each WorfBench prompt; 0 (default) is WorfBench's zero-shot protocol. Ignored by the zoo prompt format.")] = 0,
     batch_size: Annotated[int, typer.Option(help="Prompts per forward pass.")] = 16,
     calib_samples: Annotated[int, typer.Option(help="Calibration windows for the compression methods.")] = 64,
     seed: Annotated[int, typer.Option(help="Seed of the built-in data and calibration.")] = 0,
@@ -463,13 +464,15 @@ def bench_acbench(
 
     if max_steps < 1 or batch_size < 1 or calib_samples < 1:
         raise UserError("--max-steps, --batch-size and --calib-samples must be at least 1")
+    if shots < 0:
+        raise UserError(f"--shots must be 0 or more, got {shots}")
     _check_bench_args(prompt_format, limit, out, data)
     check_scoring(scoring)
     opts = BenchOptions(
         models=model, out=out, compress=compress or [], tasks=tasks, limit=limit, data_dir=data,
         prompt_format=prompt_format, seed=seed, batch_size=batch_size, calib_samples=calib_samples,
         embedder=embedder, scoring=scoring, length_buckets=_csv_ints(length_buckets, "--length-buckets"), max_steps=max_steps,
-        overwrite=overwrite, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, report=not no_report,
+        shots=shots, overwrite=overwrite, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, report=not no_report,
         progress=os.environ.get("LMFORGE_NO_PROGRESS") != "1",
     )
     data_out = run_acbench(opts)

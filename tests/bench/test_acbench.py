@@ -319,3 +319,29 @@ def test_bad_scoring_is_one_line_exit_2_before_any_model_loads(tmp_path: Path, m
     with pytest.raises(UserError, match="--scoring must be"):
         run_acbench(_opts(out, scoring="paper", compress=[]))
     assert not out.exists()
+
+
+def test_capability_floor_is_the_mean_of_its_tasks_empty_answer_scores() -> None:
+    def cell(task: str, cap: str, value: float, floor: float | None, scale: float = 1.0) -> dict:
+        c = {"model": "m", "setting": "original", "task": task, "capability": cap, "primary": "x", "scale": scale,
+             "metrics": {"x": value, "answer_nll": 1.0, "answer_kl": 0.0}}
+        if floor is not None:
+            c["floor"] = floor
+        return c
+
+    data = {"cells": {str(i): c for i, c in enumerate([
+        cell("bfcl", "tool_use", 0.2, 0.2), cell("teval_plan", "tool_use", 0.3, 0.0),
+        cell("niah", "long_context", 9.0, 0.0, scale=10.0), cell("blocksworld", "real_world", 0.1, None)])}}
+    caps = summarize(data)["m"]["original"]["capabilities"]
+    assert caps["tool_use"]["floor"] == pytest.approx(0.1) and caps["tool_use"]["score"] == pytest.approx(0.25)
+    assert caps["long_context"]["floor"] == 0.0 and caps["long_context"]["score"] == pytest.approx(0.9)
+    assert caps["real_world"]["floor"] == 0.0  # an episodic cell has no empty answer: floor 0
+
+
+def test_worfbench_cell_floor_is_zero_and_saved(run_dir: Path) -> None:
+    data = json.loads((run_dir / "results.json").read_text())
+    for key, c in data["cells"].items():
+        if c["task"] == "worfbench":
+            assert c["floor"] == 0.0  # an empty plan has no edge: the official reader scores it 0
+        if c["task"] == "blocksworld":
+            assert "floor" not in c

@@ -714,6 +714,8 @@ def test_task_generates_sample_and_scores_gold(tmp_path: Path) -> None:
         assert task.score(it, it.reference, ctx)["accuracy"] == 1.0  # the gold reply, and for irrelevance a refusal
         wrong = "[nothing_here(x=1)]"
         assert task.score(it, wrong, ctx) == {"accuracy": 0.0, "decoded": 1.0}
+        # The floor ACBench's report compares with: an empty reply is right on irrelevance alone.
+        assert task.score(it, "", ctx)["accuracy"] == (1.0 if it.meta["bucket"] == "irrelevance" else 0.0)
     # Existing files are kept.
     first = (tmp_path / "a" / task.files[0]).read_text()
     task.generate(tmp_path / "a", 99, 2)

@@ -104,6 +104,7 @@ class BenchOptions:
     dtype: str = "auto"  # inference dtype (lmforge.common.runtime.resolve_dtype); compression stays fp32
     threads: int | None = None  # torch threads (None: torch's choice); recorded in results.json
     task_limits: dict[str, int] = field(default_factory=dict)  # per-task --limit overrides
+    shots: int = 0  # worked examples before each WorfBench prompt (Context.shots); 0 = WorfBench's zero-shot
 
 
 # --------------------------------------------------------------------------------------------------
@@ -219,11 +220,16 @@ def _prompt_format(requested: str, model_spec: str, tokenizer: Any) -> str:
     return "chat" if getattr(tokenizer, "chat_template", None) else "plain"
 
 
+def compressed_folder(out: Path, model_spec: str, setting: Setting) -> Path:
+    """Where a run folder keeps a compressed model (with its ``compression.json``)."""
+    return out / "models" / re.sub(r"[^A-Za-z0-9._-]+", "_", model_spec).strip("_") / setting.slug
+
+
 def _compressed(opts: BenchOptions, model_spec: str, setting: Setting) -> Path:
     """The compressed model's folder under ``out/models`` (compressed now unless already there)."""
     from lmforge.compression import CompressionJob, make_config, run_compression
 
-    folder = opts.out / "models" / re.sub(r"[^A-Za-z0-9._-]+", "_", model_spec).strip("_") / setting.slug
+    folder = compressed_folder(opts.out, model_spec, setting)
     if (folder / "config.json").is_file():
         return folder
     assert setting.method is not None
@@ -307,9 +313,12 @@ def _single_turn_cell(task: SingleTurnTask, items: list[Item], model: Any, base:
         for it, r, s, n, k in zip(items, responses, scores, div["nll"], div["kl"])
     ]
     metrics = _mean_metrics(scores)
+    # The floor: what an empty answer scores on the same items (BFCL: the irrelevance share, since
+    # making no call is right there; 0 for most tasks). A capability is only above floor above this.
+    floor = sum(task.score(it, "", ctx)[task.primary] for it in items) / len(items)
     metrics["answer_nll"] = float(sum(div["nll"]) / len(items))
     metrics["answer_kl"] = float(sum(div["kl"]) / len(items))
-    cell: dict[str, Any] = {"metrics": metrics, "per_item": per_item}
+    cell: dict[str, Any] = {"metrics": metrics, "per_item": per_item, "floor": float(floor)}
     buckets: dict[str, list[float]] = {}
     for it, s in zip(items, scores):
         if "bucket" in it.meta:
@@ -378,6 +387,8 @@ def run_acbench(opts: BenchOptions) -> dict[str, Any]:
     torch_dtype = resolve_dtype(opts.dtype)
     if opts.limit is not None and opts.limit < 1:
         raise UserError(f"--limit must be at least 1, got {opts.limit}")
+    if opts.shots < 0:
+        raise UserError(f"--shots must be 0 or more, got {opts.shots}")
     tasks = parse_task_list(opts.tasks)
     settings = [Setting(ORIGINAL)] + [parse_setting(s) for s in opts.compress]
     labels = [s.label for s in settings]
@@ -400,6 +411,8 @@ def run_acbench(opts: BenchOptions) -> dict[str, Any]:
         "calib": [opts.calib_samples, opts.calib_seq_len], "data": _fingerprint(files),
         "max_new_tokens": opts.max_new_tokens, "dtype": str(torch_dtype).removeprefix("torch."),
     }
+    if opts.shots:  # only when set, so that zero-shot run folders written before the option still resume
+        header["shots"] = opts.shots
     store = ResultsStore(opts.out / "results.json", header, opts.overwrite)
 
     for model_spec in opts.models:
@@ -414,7 +427,7 @@ def run_acbench(opts: BenchOptions) -> dict[str, Any]:
 
         ctx = Context(tokenizer=tok, fmt=_prompt_format(opts.prompt_format, model_spec, tok), seed=opts.seed,
                       embed=embed, length_buckets=tuple(opts.length_buckets), max_positions=max_positions(base),
-                      max_steps=opts.max_steps, scoring=opts.scoring)
+                      max_steps=opts.max_steps, scoring=opts.scoring, shots=opts.shots)
         task_items: dict[str, Any] = {}
         # The original's log-probs at the gold completions, kept from its own cells: the compressed
         # settings' KL then needs no second forward of the original (a miss, after a resume, runs it).
@@ -495,12 +508,17 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
         m = out.setdefault(c["model"], {}).setdefault(c["setting"], {"tasks": {}, "capabilities": {}})
         m["tasks"][c["task"]] = {"capability": c["capability"], "metric": c["primary"],
                                  "value": c["metrics"][c["primary"]], "scale": c.get("scale", 1.0),
+                                 # episodic cells have no empty answer: their floor is 0 (the start
+                                 # state never counts towards AgentBoard's progress rate)
+                                 "floor": c.get("floor", 0.0),
                                  "answer_nll": c["metrics"]["answer_nll"], "answer_kl": c["metrics"]["answer_kl"]}
     for by_setting in out.values():
         base = by_setting.get(ORIGINAL, {"tasks": {}})["tasks"]
         for entry in by_setting.values():
             scores: dict[str, list[tuple[float, float]]] = {}
+            floors: dict[str, list[float]] = {}
             for t, v in entry["tasks"].items():
+                floors.setdefault(v["capability"], []).append(v["floor"] / v["scale"])
                 b = base.get(t, {}).get("value")
                 v["relative"] = None if not b else (v["value"] - b) / abs(b)
                 if b is not None:
@@ -511,6 +529,7 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
                     mine = sum(x for x, _ in scores[cap]) / len(scores[cap])
                     orig = sum(y for _, y in scores[cap]) / len(scores[cap])
                     caps[cap] = {"score": mine, "original": orig,
-                                 "relative": (mine - orig) / orig if orig > 0 else None}
+                                 "relative": (mine - orig) / orig if orig > 0 else None,
+                                 "floor": sum(floors[cap]) / len(floors[cap])}
             entry["capabilities"] = caps
     return out

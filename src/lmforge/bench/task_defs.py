@@ -46,14 +46,19 @@ class WorfBenchTask(SingleTurnTask):
         from lmforge.data import workflow
         from lmforge.eval import worfbench
 
+        records = worfbench.load(path)
+        demos = worfbench.demonstrations(ctx.seed, ctx.shots, {r.task for r in records}) if ctx.shots else []
         out = []
-        for it in worfbench.load(path):
+        for it in records:
             if ctx.scoring == "official" and workflow.parse_graph_official(it.gold_text) is None:
                 raise UserError(f"{path}: record {it.id!r}: WorfBench's reader finds no edge in the gold plan")
             if ctx.fmt == "zoo":
                 prompt = workflow.prompt({"task": it.task})
             else:
-                prompt = render_messages(ctx.tokenizer, it.messages, ctx.fmt)
+                # The worked examples go between the system turn and the record's own user turn.
+                head = [m for m in it.messages if m["role"] == "system"]
+                rest = [m for m in it.messages if m["role"] != "system"]
+                prompt = render_messages(ctx.tokenizer, head + demos + rest, ctx.fmt)
             # NOTE: the zoo's plan ends at a blank line, which the stop cuts at. WorfBench cuts nothing
             # (and its own prompt shows blank lines), so other formats run to EOS or the token cap:
             # WorfBench allows 1024 new tokens, here 512 (as T-Eval), 192 for the zoo's short plans.

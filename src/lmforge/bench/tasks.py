@@ -94,6 +94,9 @@ class Context:
     # "official": the official evaluators' rules (WorfBench's graph_evaluator.py); "lmforge":
     # lmforge's earlier WorfBench reading (see lmforge.eval.metrics). One of SCORING_MODES.
     scoring: str = "official"
+    # Worked examples (user / assistant turns) before each WorfBench prompt; 0 is WorfBench's own
+    # zero-shot protocol (see lmforge.eval.worfbench.demonstrations).
+    shots: int = 0
 
 
 def render_messages(tokenizer: Any, messages: list[dict[str, str]], fmt: str) -> str:
