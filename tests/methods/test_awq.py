@@ -11,7 +11,7 @@ from lmforge.common.compress import get_weight
 from lmforge.common.quant import quantize_rtn, relative_output_error
 from lmforge.methods.awq.apply import _fold, apply_awq, scale_groups
 from lmforge.methods.awq.config import AWQConfig
-from lmforge.methods.awq.core import normalized_scales, search_clip, search_scales
+from lmforge.methods.awq.core import fake_quantize, normalized_scales, quantize_final, search_clip, search_scales
 
 
 def test_llama_groups_skip_v_to_o_under_gqa(small):
@@ -49,11 +49,52 @@ def test_scale_grid_search_returns_the_argmin():
     assert abs(float(best.max() * best.min()) - 1.0) < 1e-5
 
 
+def _official_pseudo_quantize(w: torch.Tensor, n_bit: int, group: int, zero_point: bool) -> torch.Tensor:
+    """llm-awq's ``pseudo_quantize_tensor`` written out group by group, as its formulas read."""
+    out = torch.empty_like(w)
+    for r in range(w.shape[0]):
+        for g0 in range(0, w.shape[1], group):
+            x = w[r, g0 : g0 + group]
+            if zero_point:
+                max_int, min_int = 2**n_bit - 1, 0
+                scale = max(float(x.max() - x.min()), 1e-5) / max_int
+                zero = min(max(-round(float(x.min()) / scale), min_int), max_int)
+            else:
+                max_int, min_int = 2 ** (n_bit - 1) - 1, -(2 ** (n_bit - 1))
+                scale, zero = max(float(x.abs().max()), 1e-5) / max_int, 0
+            out[r, g0 : g0 + group] = (torch.clamp(torch.round(x / scale) + zero, min_int, max_int) - zero) * scale
+    return out
+
+
+def test_awq_grid_is_the_official_pseudo_quantize_tensor():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(6, 64, generator=g)
+    w[0] = w[0].abs() + 0.3  # an all-positive row: its own min, not 0, is the bottom of the grid
+    w[1] = -w[1].abs() - 0.3
+    w[2, :32] = 0.0  # an all-zero group: the range clamps at 1e-5
+    for bits in (3, 4):
+        for sym in (False, True):
+            ref = _official_pseudo_quantize(w, bits, 32, zero_point=not sym)
+            ours = fake_quantize(w, bits, 32, sym)
+            torch.testing.assert_close(ours, ref, rtol=0, atol=1e-6)
+            torch.testing.assert_close(quantize_final(w, bits, 32, sym).dequantize(), ref, rtol=0, atol=1e-6)
+    # Against GPTQ's grid (asymmetric): the same on groups that straddle 0; on an all-positive group the
+    # official zero point clamps at 0, so its grid starts at 0 with the group's own (smaller) range
+    # and clips the group's top, where GPTQ's grid [0, max] keeps it.
+    gptq, awq = quantize_rtn(w, 4, 32, False).dequantize(), fake_quantize(w, 4, 32, False)
+    mixed = (w.amin(dim=1) < 0) & (w.amax(dim=1) > 0)
+    mixed[2] = False
+    torch.testing.assert_close(awq[mixed], gptq[mixed], rtol=0, atol=1e-6)
+    top = int(w[0].argmax())
+    assert abs(float(gptq[0, top] - w[0, top])) < 0.05 * float(w[0].max())
+    assert float(awq[0, top]) < float(w[0, top]) - 0.1
+
+
 def test_clip_search_never_increases_the_group_error(real_layer):
     W, H = real_layer
     clipped = search_clip(W, H, bits=3, group_size=32, sym=False)
-    base = relative_output_error(W, quantize_rtn(W, 3, 32, False).dequantize(), H)
-    ours = relative_output_error(W, quantize_rtn(clipped, 3, 32, False).dequantize(), H)
+    base = relative_output_error(W, quantize_final(W, 3, 32, False).dequantize(), H)
+    ours = relative_output_error(W, quantize_final(clipped, 3, 32, False).dequantize(), H)
     assert ours <= base + 1e-9
     assert torch.all(clipped.abs() <= W.abs() + 1e-7)
 

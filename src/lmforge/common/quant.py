@@ -21,6 +21,7 @@ API for GPTQ's per-group grid that changes during a sweep, nor for per-row codeb
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -150,7 +151,12 @@ class CodebookQuantized:
         return w
 
 
-def quantize_rtn(w: torch.Tensor, bits: int, group_size: int = 0, sym: bool = False) -> UniformQuantized:
+QParams = Callable[[torch.Tensor, int, bool], tuple[torch.Tensor, torch.Tensor]]
+
+
+def quantize_rtn(
+    w: torch.Tensor, bits: int, group_size: int = 0, sym: bool = False, qparams: QParams = uniform_qparams
+) -> UniformQuantized:
     """Round-to-nearest on a min-max grid per row and group (the baseline every paper quotes).
 
     Args:
@@ -159,6 +165,8 @@ def quantize_rtn(w: torch.Tensor, bits: int, group_size: int = 0, sym: bool = Fa
         group_size: columns per group; 0 (or >= in) for per-channel. A last group narrower than
             ``group_size`` (``in`` not a multiple) gets its own grid.
         sym: symmetric grid.
+        qparams: ``(rows, bits, sym) -> (scale, zero)`` per row of a ``(rows, cols)`` block; the default
+            is GPTQ's grid (:func:`uniform_qparams`), a method may plug in its own (AWQ does).
     """
     w = w.detach().float()
     out_f, in_f = w.shape
@@ -172,17 +180,19 @@ def quantize_rtn(w: torch.Tensor, bits: int, group_size: int = 0, sym: bool = Fa
     if full:
         k = full // width
         rows = w[:, :full].reshape(out_f * k, width)
-        s, z = uniform_qparams(rows, bits, sym)
+        s, z = qparams(rows, bits, sym)
         codes[:, :full] = quantize_codes(rows, s[:, None], z[:, None], bits).to(torch.uint8).reshape(out_f, full)
         scales[:, :k], zeros[:, :k] = s.reshape(out_f, k), z.reshape(out_f, k)
     if full < in_f:
-        s, z = uniform_qparams(w[:, full:], bits, sym)
+        s, z = qparams(w[:, full:], bits, sym)
         scales[:, -1], zeros[:, -1] = s, z
         codes[:, full:] = quantize_codes(w[:, full:], s[:, None], z[:, None], bits).to(torch.uint8)
     return UniformQuantized(codes=codes, scales=scales, zeros=zeros, bits=bits, group_size=gs, sym=sym)
 
 
-def fake_quantize_rtn(w: torch.Tensor, bits: int, group_size: int = 0, sym: bool = False) -> torch.Tensor:
+def fake_quantize_rtn(
+    w: torch.Tensor, bits: int, group_size: int = 0, sym: bool = False, qparams: QParams = uniform_qparams
+) -> torch.Tensor:
     """``quantize_rtn(w, ...).dequantize()`` without building the codes (for search loops)."""
     w = w.detach().float()
     out_f, in_f = w.shape
@@ -193,7 +203,7 @@ def fake_quantize_rtn(w: torch.Tensor, bits: int, group_size: int = 0, sym: bool
         if hi <= lo:
             continue
         rows = w[:, lo:hi].reshape(out_f * k, -1)
-        s, z = uniform_qparams(rows, bits, sym)
+        s, z = qparams(rows, bits, sym)
         q = quantize_codes(rows, s[:, None], z[:, None], bits)
         out[:, lo:hi] = dequantize_codes(q, s[:, None], z[:, None]).reshape(out_f, hi - lo)
     return out

@@ -13,6 +13,12 @@ MLP for gate/up, the linear itself for o_proj and down_proj) with the weights fa
 grid to minimise the group's partial output error, except for q/k whose errors are amplified by the
 softmax. Finally every linear is quantized group-wise with round-to-nearest.
 
+The grid is the official ``pseudo_quantize_tensor``'s, not GPTQ's: asymmetric groups span their own
+``[min, max]`` (GPTQ's grid always includes 0, a coarser grid for a group of one sign), with the range
+clamped at 1e-5 and the zero point clamped to ``[0, 2^b - 1]``; symmetric groups use
+``scale = max|w| / (2^(b-1) - 1)`` and signed codes ``[-2^(b-1), 2^(b-1) - 1]`` (stored offset by
+``2^(b-1)``), where GPTQ uses ``2 max|w| / (2^b - 1)``. See :func:`awq_qparams`.
+
 This file holds the tensor math; module walking is in ``apply.py``.
 """
 
@@ -24,12 +30,31 @@ import torch
 
 from lmforge.common.quant import UniformQuantized, fake_quantize_rtn, quantize_rtn
 
-__all__ = ["fake_quantize", "normalized_scales", "search_clip", "search_scales"]
+__all__ = ["awq_qparams", "fake_quantize", "normalized_scales", "quantize_final", "search_clip", "search_scales"]
+
+
+def awq_qparams(w: torch.Tensor, bits: int, sym: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row ``(scale, zero)`` of ``w`` (``(rows, cols)``) as llm-awq's ``pseudo_quantize_tensor``.
+
+    Asymmetric: ``scale = clamp(max - min, 1e-5) / (2^b - 1)``, ``zero = clamp(-round(min / scale), 0,
+    2^b - 1)`` over the row's own min and max. Symmetric: ``scale = clamp(max|w|, 1e-5) / (2^(b-1) - 1)``
+    and zero point ``2^(b-1)``, so unsigned codes ``0 .. 2^b - 1`` are the official signed codes
+    ``-2^(b-1) .. 2^(b-1) - 1`` plus ``2^(b-1)``.
+    """
+    w = w.float()
+    if sym:
+        scale = w.abs().amax(dim=1).clamp(min=1e-5) / (2 ** (bits - 1) - 1)
+        return scale, torch.full_like(scale, 2 ** (bits - 1))
+    maxq = 2**bits - 1
+    lo, hi = w.amin(dim=1), w.amax(dim=1)
+    scale = (hi - lo).clamp(min=1e-5) / maxq
+    zero = torch.clamp(-torch.round(lo / scale), 0, maxq)
+    return scale, zero
 
 
 def fake_quantize(w: torch.Tensor, bits: int, group_size: int, sym: bool) -> torch.Tensor:
-    """Group-wise min-max RTN, dequantized (the official ``pseudo_quantize_tensor``)."""
-    return fake_quantize_rtn(w, bits, group_size, sym)
+    """Group-wise min-max RTN on AWQ's grid, dequantized (the official ``pseudo_quantize_tensor``)."""
+    return fake_quantize_rtn(w, bits, group_size, sym, qparams=awq_qparams)
 
 
 def normalized_scales(
@@ -113,7 +138,7 @@ def search_clip(
         for i_s in range(int(max_shrink * n_grid)):
             m = org_max * (1 - i_s / n_grid)
             cur = torch.clamp(w, -m, m)
-            q = fake_quantize_rtn(cur, bits, 0, sym)
+            q = fake_quantize_rtn(cur, bits, 0, sym, qparams=awq_qparams)
             d = q - w
             err = torch.einsum("ij,jk,ik->i", d, Hg, d)
             better = err < best_err
@@ -124,5 +149,5 @@ def search_clip(
 
 
 def quantize_final(W: torch.Tensor, bits: int, group_size: int, sym: bool) -> UniformQuantized:
-    """The last step: group-wise RTN of the scaled (and clipped) weight."""
-    return quantize_rtn(W, bits, group_size, sym)
+    """The last step: group-wise RTN of the scaled (and clipped) weight, on AWQ's grid."""
+    return quantize_rtn(W, bits, group_size, sym, qparams=awq_qparams)
