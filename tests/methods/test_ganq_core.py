@@ -147,7 +147,7 @@ def naive_t_step(W: torch.Tensor, L: torch.Tensor, codes: torch.Tensor, T_old: t
 def test_t_step_is_optimal_and_never_increases_objective() -> None:
     m, n, bits = 12, 48, 3
     W, H = correlated_layer(m, n, tokens=4 * n, seed=1)
-    cfg = GANQConfig(bits=bits, damp=0.0, init="uniform")
+    cfg = GANQConfig(bits=bits, damp=0.0, init="uniform", t_step_dtype="float64")
     H_fit, L, _, _ = prepare_hessian(H, cfg.damp)
     assert torch.allclose(H_fit, H, rtol=0, atol=1e-15)  # no dampening: the fitted objective is the true one
     T = init_uniform(W, cfg.levels)
@@ -159,6 +159,9 @@ def test_t_step_is_optimal_and_never_increases_objective() -> None:
         assert after <= before * (1 + 1e-12)
         ref = naive_t_step(W, L, codes, T)
         assert torch.allclose(T_new, ref, rtol=1e-7, atol=1e-9)
+        # The driver's default float32 product: the same codebook to 1e-6 of its scale (~1e-7 measured).
+        T32 = t_step(W, H_fit, codes, T, gemm_dtype=torch.float32)
+        assert (T32 - ref).abs().max() <= 1e-6 * ref.abs().max()
         T = T_new
 
     # An entry no weight uses keeps its old value (the pseudo-inverse would set it to 0).
@@ -184,7 +187,7 @@ def test_t_step_is_optimal_and_never_increases_objective() -> None:
 def test_final_objective_not_above_initial(init: str, outlier_frac: float) -> None:
     m, n, bits = 24, 96, 3
     W, H = correlated_layer(m, n, tokens=4 * n, seed=2, dtype=torch.float32)
-    cfg = GANQConfig(bits=bits, init=init, outlier_frac=outlier_frac)
+    cfg = GANQConfig(bits=bits, init=init, outlier_frac=outlier_frac, select="best")
     q, hist = ganq_quantize(W, H, cfg, return_history=True)
     H_fit, _, _, _ = prepare_hessian(H, cfg.damp)
 
@@ -211,6 +214,50 @@ def test_final_objective_not_above_initial(init: str, outlier_frac: float) -> No
     assert final_obj <= min([hist.init_objective, *hist.t_objectives]) * (1 + 1e-5)
 
 
+def test_default_returns_the_last_iterate_of_the_papers_loop() -> None:
+    """Algorithm 1 written out from the steps: T^0 uniform, K times S-step then T-step, return (T^K, Q^K),
+    with H factorised undampened when it is positive definite (Remark 3.1)."""
+    W, H = correlated_layer(16, 64, tokens=256, seed=3, dtype=torch.float32)
+    cfg = GANQConfig(bits=3, iters=4)
+    assert (cfg.init, cfg.select, cfg.damp_when) == ("uniform", "last", "needed")
+    q, hist = ganq_quantize(W, H, cfg, return_history=True)
+    H64 = H.double()
+    L = torch.linalg.cholesky(H64)  # positive definite: no lambda*I
+    W64 = W.double()
+    T = init_uniform(W64, 8)
+    for _ in range(4):
+        codes = s_step(W64, L, T)
+        T = t_step(W64, H64, codes, T)
+    torch.testing.assert_close(q.codebook, T.float(), rtol=0, atol=1e-6)
+    assert torch.equal(q.codes.long(), codes)
+    assert hist.damp_used == 0.0 and hist.best_iter == 4
+    # The last iterate, not the best: its objective is the last T-step's.
+    assert layer_objective(W64, q.dequantize(), H64) == pytest.approx(hist.t_objectives[-1], rel=1e-6)
+
+
+def test_dampening_only_when_needed() -> None:
+    W, H = correlated_layer(4, 12, tokens=6, seed=1)  # 6 tokens, 12 inputs: H singular
+    H_fit, _, d, _ = prepare_hessian(H, 0.01)
+    assert d >= 0.01 and torch.allclose(H_fit, H + d * float(H.diagonal().mean()) * torch.eye(12, dtype=H.dtype))
+    W, H = correlated_layer(4, 12, tokens=60, seed=1)
+    H_fit, _, d, _ = prepare_hessian(H, 0.01)
+    assert d == 0.0 and torch.equal(H_fit, (H + H.T) / 2)
+    _, _, d, _ = prepare_hessian(H, 0.01, always=True)
+    assert d == 0.01
+
+
+def test_full_rows_are_the_highest_variance_rows_kept_exactly() -> None:
+    W, H = correlated_layer(12, 40, tokens=160, seed=6, dtype=torch.float32)
+    W[5] *= 4.0
+    W[9] *= 3.0
+    q = ganq_quantize(W, H, GANQConfig(bits=3, iters=2, full_rows=2))
+    Wq = q.dequantize()
+    assert torch.equal(Wq[5], W[5]) and torch.equal(Wq[9], W[9])
+    others = [i for i in range(12) if i not in (5, 9)]
+    assert not torch.equal(Wq[others], W[others])
+    assert q.n_outliers == 2 * 40
+
+
 def test_init_both_is_rowwise_best_of_uniform_and_kmeans() -> None:
     W, H = correlated_layer(32, 128, tokens=512, seed=7, dtype=torch.float32)
     H_fit, _, _, _ = prepare_hessian(H, 0.01)
@@ -219,9 +266,9 @@ def test_init_both_is_rowwise_best_of_uniform_and_kmeans() -> None:
         D = W.double() - q.dequantize().double()
         return ((D @ H_fit) * D).sum(dim=1)
 
-    r_both = rows(ganq_quantize(W, H, GANQConfig(bits=3, init="both")))
-    r_uni = rows(ganq_quantize(W, H, GANQConfig(bits=3, init="uniform")))
-    r_km = rows(ganq_quantize(W, H, GANQConfig(bits=3, init="kmeans")))
+    r_both = rows(ganq_quantize(W, H, GANQConfig(bits=3, init="both", select="best")))
+    r_uni = rows(ganq_quantize(W, H, GANQConfig(bits=3, init="uniform", select="best")))
+    r_km = rows(ganq_quantize(W, H, GANQConfig(bits=3, init="kmeans", select="best")))
     assert torch.all(r_both <= torch.minimum(r_uni, r_km) * (1 + 1e-6) + 1e-12)
     # And the choice matters: each init wins some rows on this layer, or "both" is strictly better in total.
     assert r_both.sum() < min(r_uni.sum(), r_km.sum()) * (1 - 1e-6) or torch.equal(r_uni, r_km)
@@ -290,7 +337,8 @@ def test_config_rejects_bad_bits(bits) -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"init": "random"}, {"damp": -0.1}, {"outlier_frac": 0.5}, {"outlier_frac": -0.01}, {"iters": -1}],
+    [{"init": "random"}, {"damp": -0.1}, {"outlier_frac": 0.5}, {"outlier_frac": -0.01}, {"iters": -1},
+     {"select": "first"}, {"damp_when": "never"}, {"full_rows": -1}, {"full_rows": 1.5}, {"t_step_dtype": "bf16"}],
 )
 def test_config_rejects_bad_settings(kwargs) -> None:
     with pytest.raises(UserError):
@@ -300,6 +348,23 @@ def test_config_rejects_bad_settings(kwargs) -> None:
 def test_config_defaults() -> None:
     cfg = GANQConfig()
     assert (cfg.bits, cfg.iters, cfg.damp, cfg.outlier_frac) == (4, 10, 0.01, 0.0)
-    assert cfg.init == "both"
+    assert (cfg.init, cfg.select, cfg.damp_when, cfg.full_rows) == ("uniform", "last", "needed", 0)
     for bits in range(2, 9):
         assert GANQConfig(bits=bits).levels == 2**bits
+
+
+def test_stacked_linears_sharing_h_give_each_linears_own_result() -> None:
+    """apply_ganq quantizes q/k/v (gate/up) in one call on their stacked rows: the split result must be
+    what each linear gets alone, outliers included."""
+    from lmforge.methods.ganq.apply import _split_rows
+
+    W, H = correlated_layer(30, 64, tokens=256, seed=8, dtype=torch.float32)
+    parts = [W[:12], W[12:20], W[20:]]
+    cfg = GANQConfig(bits=3, iters=3, outlier_frac=0.05, init="both")
+    split = _split_rows(ganq_quantize(W, H, cfg), [12, 8, 10])
+    for part, got in zip(parts, split):
+        alone = ganq_quantize(part, H, cfg)
+        assert (got.codes == alone.codes).float().mean() > 0.999
+        torch.testing.assert_close(got.dequantize(), alone.dequantize(), rtol=0, atol=1e-5)
+        assert got.n_outliers == alone.n_outliers == part.shape[0] * round(0.05 * 64)
+        assert torch.equal(got.outlier_rows.sort().values, alone.outlier_rows.sort().values)

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 
 from lmforge.common.errors import UserError
 
-__all__ = ["GANQConfig", "INIT_CHOICES"]
+__all__ = ["DAMP_CHOICES", "GANQConfig", "INIT_CHOICES", "SELECT_CHOICES"]
 
-INIT_CHOICES = ("both", "uniform", "kmeans")
+INIT_CHOICES = ("uniform", "kmeans", "both")
+SELECT_CHOICES = ("last", "best")
+DAMP_CHOICES = ("needed", "always")
 
 
 @dataclass
@@ -24,15 +26,27 @@ class GANQConfig:
             stored as uint8).
         iters: number K of alternating S-step / T-step iterations (the paper uses K = 10). 0 keeps the
             initial codebook with nearest-value codes.
-        damp: relative dampening: ``damp * mean(diag H)`` is added to the diagonal of ``H`` before the
-            Cholesky factorisation, and both steps minimise the dampened objective.
+        damp: relative dampening ``damp * mean(diag H)`` added to the diagonal of ``H`` (both steps then
+            minimise the dampened objective); when, is ``damp_when``'s choice.
+        damp_when: ``"needed"`` (the paper, Remark 3.1: lambda*I is added only if ``H`` is not positive
+            definite; then ``damp``, raised tenfold until the Cholesky factorisation succeeds) or
+            ``"always"`` (GPTQ's habit: ``damp`` is always added).
         init: initial codebook T^0 of each row: ``"uniform"`` (2^N evenly spaced levels between the
             row's min and max), ``"kmeans"`` (1-D k-means of the row's values, Lloyd iterations
             started from quantiles), or ``"both"``: run the K iterations from each and keep, row by
             row, the better result (rows are independent terms of the objective; twice the time).
+        select: ``"last"`` returns the K-th iterate ``(T^K, Q^K)``, as the paper's Algorithm 1 does;
+            ``"best"`` keeps, row by row, the pair with the lowest objective seen over the iterations
+            (the initial codebook included) and over both starts with ``init="both"``.
         outlier_frac: fraction of each row kept as sparse full-precision outliers (the largest half and
             the smallest half of the values, ``round(outlier_frac * n)`` entries a row in all); 0 turns
             the outlier split off. The paper's outlier variant keeps 0.5 % a row, i.e. 0.005.
+        full_rows: number of whole rows of each linear kept in full precision, the rows of largest
+            variance (the paper keeps 10 for LLaMA-1/2-7B, beside 0.5 % outliers, to compare with
+            SqueezeLLM); 0 keeps none.
+        t_step_dtype: ``"float32"`` or ``"float64"``: dtype of the T-step's ``H S_i^T`` product, its
+            cost (everything else runs in float64). float32 is 2.3x faster on a 2-core AVX2 CPU and
+            changes a codebook by about 1e-7 of its largest entry (a test bounds it at 1e-6).
         kmeans_iters: Lloyd iterations of the k-means initialisation.
         block_size: columns per block of the S-step's lazy error-feedback update (speed only; the
             result does not depend on it up to rounding).
@@ -40,26 +54,28 @@ class GANQConfig:
 
     bits: int = 4
     iters: int = 10
-    # NOTE: the paper adds lambda*I only "if H is not positive definite" and gives no value; we always
-    # add damp * mean(diag H), as GPTQ does (its default 0.01), because calibration Hessians of real
-    # layers are often numerically singular and the S-step divides by the Cholesky diagonal.
     damp: float = 0.01
-    # NOTE: the paper does not say how T^0 is chosen. Measured (K = 10, damp 0.01, one CPU thread),
-    # mean final relative output error ||(W - W')X^T|| / ||W X^T||, init = uniform vs kmeans:
+    damp_when: str = "needed"
+    # NOTE: the paper does not say how T^0 is chosen (Algorithm 1 takes it as an input; arXiv v2 read,
+    # the official repository could not be fetched here). The default is the simplest reading, each
+    # row's min-max uniform grid (RTN's levels); a third-party port (PrunaAI/pruna) starts from a
+    # piecewise-uniform (4-bit) or quantile (3-bit) grid of median/IQR-normalised rows, not built here.
+    # Measured (K = 10, damp 0.01, select=best, one CPU thread), mean final relative output error
+    # ||(W - W')X^T|| / ||W X^T||, init = uniform vs kmeans:
     #   correlated random layers (m=128, n=512, N=2048, 3 seeds), Gaussian W:
     #     3-bit 0.1405 vs 0.1280, 4-bit 0.0744 vs 0.0702 (kmeans better on 3/3 and 3/3)
     #   same with Student-t(3) W (heavy tails, as in LLM weights):
     #     3-bit 0.2023 vs 0.1672, 4-bit 0.1245 vs 0.0980
     #   agent-small, all 28 linears (2,590 calibration tokens): 3-bit 0.0168 vs 0.0158 (kmeans better on
     #     21/28), 4-bit 0.0069 vs 0.0073 (kmeans better on only 2/28)
-    # Time per layer is about the same (Lloyd on a 512 x 512 weight takes 0.06 s; 0.29 s vs 0.28 s a layer at
-    # 3-bit, 0.44 s vs 0.43 s at 4-bit on agent-small). kmeans wins everywhere except 4-bit on the tiny
-    # light-tailed zoo model, and by more where weights are heavy-tailed.
-    # Neither wins everywhere (4-bit agent-small layer 1 down_proj: kmeans 0.0204 > GPTQ 0.0198 >
-    # uniform 0.0183), and the objective is a sum of independent per-row terms, so the default runs
-    # both and keeps the better per row: never worse than either, at twice the time.
-    init: str = "both"
+    # so kmeans is usually the better start, and init=both with select=best (never worse than either,
+    # twice the time) is the strengthened variant the reproduction reports beside the paper's default.
+    init: str = "uniform"
+    select: str = "last"
     outlier_frac: float = 0.0
+    full_rows: int = 0
+    # NOTE: float32 is a speed choice of ours; the paper does not say which precision its GPU code uses.
+    t_step_dtype: str = "float32"
     kmeans_iters: int = 20
     block_size: int = 128
 
@@ -72,6 +88,15 @@ class GANQConfig:
             raise UserError(f"ganq damp must be a finite number >= 0, got {self.damp!r}")
         if self.init not in INIT_CHOICES:
             raise UserError(f"ganq init must be one of {', '.join(INIT_CHOICES)}, got {self.init!r}")
+        if self.select not in SELECT_CHOICES:
+            raise UserError(f"ganq select must be one of {', '.join(SELECT_CHOICES)}, got {self.select!r}")
+        if self.damp_when not in DAMP_CHOICES:
+            raise UserError(f"ganq damp_when must be one of {', '.join(DAMP_CHOICES)}, got {self.damp_when!r}")
+        if self.t_step_dtype not in ("float32", "float64"):
+            raise UserError(f"ganq t_step_dtype must be float32 or float64, got {self.t_step_dtype!r}")
+        fr = self.full_rows
+        if isinstance(fr, bool) or not isinstance(fr, int) or fr < 0:
+            raise UserError(f"ganq full_rows must be a non-negative integer, got {fr!r}")
         frac = self.outlier_frac
         if not isinstance(frac, (int, float)) or not math.isfinite(frac) or not 0.0 <= frac < 0.5:
             raise UserError(f"ganq outlier_frac must be in [0, 0.5), got {frac!r}")
