@@ -32,14 +32,17 @@ from __future__ import annotations
 import abc
 import math
 import sys
+import warnings
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmforge.common.errors import UserError
+from lmforge.common import int4_cpu
 from lmforge.common.calibration import is_conv1d as _is_conv1d
+from lmforge.common.errors import UserError
+from lmforge.common.int4_cpu import Int4Packed
 from lmforge.common.quant import (
     CodebookQuantized,
     UniformQuantized,
@@ -339,6 +342,9 @@ def lut_matmul(
 # --------------------------------------------------------------------------------------------------
 # Modules
 
+# Forward paths of UniformQuantLinear (see its docstring).
+KERNELS = ("auto", "int4", "dequant")
+
 
 def _make_bias(out_features: int, bias: bool, dtype: torch.dtype, device: torch.device | str | None):
     if not bias:
@@ -407,6 +413,10 @@ class UniformQuantLinear(_QuantLinearBase):
             the dense layer); off by default.
         block_rows: output rows dequantized at a time (None: automatic).
         device: where to create the buffers.
+        kernel: ``"auto"`` (PyTorch's CPU int4 kernel, :mod:`lmforge.common.int4_cpu`, for bfloat16 and
+            float16 inputs where the layer fits it; float32 inputs take the exact dequantize path),
+            ``"int4"`` (the kernel for every input, computing in bfloat16: fast, with bfloat16-rounded
+            activations; a layer that does not fit warns once and falls back) or ``"dequant"``.
     """
 
     def __init__(
@@ -423,8 +433,14 @@ class UniformQuantLinear(_QuantLinearBase):
         cache_weight: bool = False,
         block_rows: int | None = None,
         device: torch.device | str | None = None,
+        kernel: str = "auto",
     ) -> None:
         super().__init__(in_features, out_features, bits, cache_weight)
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
+        self.kernel = kernel
+        self._int4: tuple[tuple, Int4Packed] | None = None
+        self._int4_warned = False
         self.group_size = int(group_size) if group_size and group_size > 0 else 0
         self.sym = bool(sym)
         self.block_rows = block_rows
@@ -450,6 +466,7 @@ class UniformQuantLinear(_QuantLinearBase):
         dtype: torch.dtype | None = None,
         cache_weight: bool = False,
         block_rows: int | None = None,
+        kernel: str = "auto",
     ) -> UniformQuantLinear:
         """Pack ``q`` into a new module.
 
@@ -459,6 +476,7 @@ class UniformQuantLinear(_QuantLinearBase):
             dtype: bias dtype; defaults to ``bias``'s own dtype (float32 without bias).
             cache_weight: see the class.
             block_rows: see the class.
+            kernel: see the class.
         """
         out_f, in_f = q.shape
         n_groups = math.ceil(in_f / q.group_size) if 0 < q.group_size else 1
@@ -485,6 +503,7 @@ class UniformQuantLinear(_QuantLinearBase):
             cache_weight=cache_weight,
             block_rows=block_rows,
             device=device,
+            kernel=kernel,
         )
         with torch.no_grad():
             m.qweight.copy_(pack_codes(q.codes, q.bits))
@@ -517,7 +536,34 @@ class UniformQuantLinear(_QuantLinearBase):
             self.qweight, self.scales, self.zeros, self.bits, self.in_features, self.group_size, self.g_idx
         )
 
+    def int4_reason(self) -> str | None:
+        """Why this layer cannot use the int4 kernel, or None when it can."""
+        return int4_cpu.unsupported_reason(self.out_features, self.in_features, self.bits, self.group_size,
+                                           self.g_idx is not None, self.qweight.device)
+
+    def _int4_packed(self) -> Int4Packed:
+        key = tuple(t._version for t in self._weight_tensors()) + tuple(id(t) for t in self._weight_tensors())
+        if self._int4 is None or self._int4[0] != key:
+            codes = unpack_codes(self.qweight, self.bits, self.in_features)
+            self._int4 = (key, int4_cpu.pack_int4(codes, self.scales, self.zeros, self.group_size))
+        return self._int4[1]
+
+    def _use_int4(self, x: torch.Tensor) -> bool:
+        if self.kernel == "dequant" or (self.kernel == "auto" and x.dtype not in (torch.bfloat16, torch.float16)):
+            return False
+        reason = self.int4_reason()
+        if reason is None:
+            return True
+        if self.kernel == "int4" and not self._int4_warned:
+            warnings.warn(f"int4 kernel unavailable, using the dequantize path: {reason}", stacklevel=3)
+            self._int4_warned = True
+        return False
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._use_int4(x):
+            compute = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+            y = int4_cpu.int4_matmul(x, self._int4_packed(), compute)
+            return y if self.bias is None else y + self.bias.to(y.dtype)
         if self.cache_weight:
             bias = None if self.bias is None else self.bias.to(x.dtype)
             return F.linear(x, self._cached_weight(x.dtype, x.device), bias)
@@ -538,7 +584,7 @@ class UniformQuantLinear(_QuantLinearBase):
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
             f"group_size={self.group_size}, sym={self.sym}, act_order={self.g_idx is not None}, "
-            f"bias={self.bias is not None}"
+            f"bias={self.bias is not None}, kernel={self.kernel}"
         )
 
 

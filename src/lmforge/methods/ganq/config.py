@@ -77,7 +77,8 @@ class GANQConfig:
     # NOTE: float32 is a speed choice of ours; the paper does not say which precision its GPU code uses.
     t_step_dtype: str = "float32"
     kmeans_iters: int = 20
-    block_size: int = 128
+    # Measured on SmolLM2's layers (2 threads): 32 ran the S-step 1.3-2.9x faster than 128.
+    block_size: int = 32
 
     def __post_init__(self) -> None:
         if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not 2 <= self.bits <= 8:
