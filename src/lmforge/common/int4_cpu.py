@@ -27,6 +27,7 @@ import torch
 __all__ = ["GROUP_SIZES", "Int4Packed", "available", "int4_matmul", "pack_int4", "unsupported_reason"]
 
 GROUP_SIZES = (32, 64, 128, 256)
+_MM = getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None)
 
 
 def available() -> bool:
@@ -99,9 +100,11 @@ def int4_matmul(x: torch.Tensor, packed: Int4Packed, compute_dtype: torch.dtype 
         compute_dtype: the kernel's activation dtype (bfloat16: the fast one); None runs in ``x``'s
             own dtype (float32 gives the dequantized reference to float32 rounding, slowly).
     """
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1])
-    dt = compute_dtype or x2.dtype
-    xk = x2.to(dt).contiguous()
-    y = torch.ops.aten._weight_int4pack_mm_for_cpu(xk, packed.weight, packed.group_size, packed.scale_zero(dt))
-    return y.to(x.dtype).reshape(*lead, packed.out_features)
+    dt = compute_dtype or x.dtype
+    xk = x.reshape(-1, x.shape[-1]).to(dt)
+    if not xk.is_contiguous():
+        xk = xk.contiguous()
+    y = _MM(xk, packed.weight, packed.group_size, packed.scale_zero(dt))
+    if y.dtype != x.dtype:
+        y = y.to(x.dtype)
+    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], packed.out_features)

@@ -440,6 +440,7 @@ class UniformQuantLinear(_QuantLinearBase):
             raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
         self.kernel = kernel
         self._int4: tuple[tuple, Int4Packed] | None = None
+        self._int4_reason: tuple[torch.device, str | None] | None = None
         self._int4_warned = False
         self.group_size = int(group_size) if group_size and group_size > 0 else 0
         self.sym = bool(sym)
@@ -537,15 +538,21 @@ class UniformQuantLinear(_QuantLinearBase):
         )
 
     def int4_reason(self) -> str | None:
-        """Why this layer cannot use the int4 kernel, or None when it can."""
-        return int4_cpu.unsupported_reason(self.out_features, self.in_features, self.bits, self.group_size,
-                                           self.g_idx is not None, self.qweight.device)
+        """Why this layer cannot use the int4 kernel, or None when it can (cached per device)."""
+        dev = self.qweight.device
+        if self._int4_reason is None or self._int4_reason[0] != dev:
+            reason = int4_cpu.unsupported_reason(self.out_features, self.in_features, self.bits, self.group_size,
+                                                 self.g_idx is not None, dev)
+            self._int4_reason = (dev, reason)
+        return self._int4_reason[1]
 
     def _int4_packed(self) -> Int4Packed:
-        key = tuple(t._version for t in self._weight_tensors()) + tuple(id(t) for t in self._weight_tensors())
+        # Tensor._version counts in-place writes and id() catches a reassigned buffer: never stale.
+        q, s, z = self.qweight, self.scales, self.zeros
+        key = (q._version, s._version, z._version, id(q), id(s), id(z))
         if self._int4 is None or self._int4[0] != key:
-            codes = unpack_codes(self.qweight, self.bits, self.in_features)
-            self._int4 = (key, int4_cpu.pack_int4(codes, self.scales, self.zeros, self.group_size))
+            codes = unpack_codes(q, self.bits, self.in_features)
+            self._int4 = (key, int4_cpu.pack_int4(codes, s, z, self.group_size))
         return self._int4[1]
 
     def _use_int4(self, x: torch.Tensor) -> bool:
