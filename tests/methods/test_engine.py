@@ -58,3 +58,50 @@ def test_without_layer_errors_wanda_keeps_only_the_diagonal_and_prunes_the_same(
     assert all(r.rel_error is not None for r in ra.layers) and all(r.rel_error is None for r in rb.layers)
     for (na, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
         assert torch.equal(pa == 0, pb == 0), na
+
+
+def test_true_sequential_calibrates_each_group_through_the_compressed_earlier_groups(small, small_calib):
+    """GPTQ's --true-sequential: q/k/v, then o, then gate/up, then down; each group's X^T X is collected
+    (here by plain forward hooks, written independently of the engine) with the earlier groups of the same
+    layer already quantized."""
+    model, _ = small
+    calib = small_calib[:4]
+    stages = [["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], ["self_attn.o_proj"],
+              ["mlp.gate_proj", "mlp.up_proj"], ["mlp.down_proj"]]
+
+    def fn(name, W, H):
+        seen[name] = H.clone()
+        q = quantize_rtn(W, 2, 32, False)
+        return LinearResult(weight=q.dequantize(), quantized=q)
+
+    seen: dict[str, torch.Tensor] = {}
+    ours = copy.deepcopy(model)
+    compress_linears(ours, calib, fn, method="rtn2", config={}, progress=False, true_sequential=True)
+    ts = dict(seen)
+    seen.clear()
+    compress_linears(copy.deepcopy(model), calib, fn, method="rtn2", config={}, progress=False)
+    plain = dict(seen)
+
+    ref = copy.deepcopy(model)
+    for i, layer, inputs in iterate_layers(ref, calib):
+        mods = dict(layer.named_modules())
+        for stage in stages:
+            xs: list[torch.Tensor] = []
+            hook = mods[stage[0]].register_forward_pre_hook(lambda m, a: xs.append(a[0].reshape(-1, a[0].shape[-1])))
+            with torch.no_grad():
+                for b in range(len(inputs)):
+                    inputs.run(layer, b)
+            hook.remove()
+            X = torch.cat(xs).double()
+            H = 2 * X.T @ X / X.shape[0]
+            for n in stage:
+                # (the engine sums each batch's product in float32, hence the tolerance)
+                torch.testing.assert_close(ts[f"model.layers.{i}.{n}"], H, rtol=1e-4, atol=1e-6 * float(H.abs().max()))
+                with torch.no_grad():
+                    mods[n].weight.copy_(quantize_rtn(mods[n].weight.detach().float(), 2, 32, False).dequantize())
+    # Same final model, and a real difference from the one-pass default past the first group.
+    for (n, a), (_, b) in zip(ours.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=n)
+    name = "model.layers.0.self_attn.o_proj"
+    assert not torch.allclose(ts[name], plain[name], rtol=1e-3, atol=1e-6)
+    torch.testing.assert_close(ts["model.layers.0.self_attn.q_proj"], plain["model.layers.0.self_attn.q_proj"])

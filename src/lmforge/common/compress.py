@@ -179,6 +179,7 @@ def compress_linears(
     layer_errors: bool = True,
     needs: str = "hessian",
     group_fn: GroupFn | None = None,
+    true_sequential: bool = False,
 ) -> CompressionResult:
     """Compress every linear module of every decoder layer with ``fn(full_name, W, H)``.
 
@@ -200,6 +201,11 @@ def compress_linears(
             Hessian (q/k/v, gate/up), with their names and weights in module order, returning one
             result per module. It must equal ``fn`` applied to each (GPTQ sweeps the stacked rows
             once: every row's sweep is independent given the shared factorization).
+        true_sequential: GPTQ's "true sequential" mode: within a layer, the groups of modules that
+            share an input (q/k/v, o, gate/up, down for Llama) are compressed in forward order, each
+            calibrated on inputs that already pass through the compressed earlier groups (one more
+            partial forward of the layer per group). Off, all of a layer's modules are calibrated on
+            the layer's uncompressed forward (llm-compressor's choice).
 
     Raises:
         UserError: for an empty calibration set or a model without linear layers to compress.
@@ -230,8 +236,16 @@ def compress_linears(
         groups: dict[int, list[str]] = {}
         for name in live:
             groups.setdefault(id(hessians[name]), []).append(name)
-        for group in groups.values():
-            H = hessians[group[0]].hessian
+        for si, group in enumerate(groups.values()):
+            if true_sequential and si > 0:
+                # The earlier groups of this layer are already compressed (set below), so this
+                # group's inputs are re-collected through them.
+                acc = accumulate_linear_stats(
+                    layer, inputs, group, dtype=hessian_dtype, share_inputs=True, diag_only=diag_only
+                )
+                H = acc[group[0]].hessian
+            else:
+                H = hessians[group[0]].hessian
             hess.update((n, H) for n in group)
             fulls = [f"{prefixes[i]}.{n}" for n in group]
             if group_fn is not None and len(group) > 1:
@@ -242,6 +256,9 @@ def compress_linears(
             else:
                 for n, full in zip(group, fulls):
                     results[n] = fn(full, weights[n], H)
+            if true_sequential:
+                for n in group:
+                    set_weight(modules[n], results[n].weight)
         for name in names:
             full = f"{prefixes[i]}.{name}"
             mod = modules[name]

@@ -63,4 +63,5 @@ def apply_gptq(
         return [LinearResult(weight=p.dequantize(), quantized=p) for p in parts]
 
     return compress_linears(model, calib_batches, fn, method="gptq", config=asdict(cfg), layer_errors=layer_errors,
-                            needs="hessian", progress=progress, group_fn=group_fn)
+                            needs="hessian", progress=progress, group_fn=group_fn,
+                            true_sequential=cfg.true_sequential)

@@ -21,6 +21,9 @@ class GPTQConfig:
         act_order: process columns in decreasing ``diag(H)`` ("act-order", reference ``--act-order``).
         damp: dampening added to ``diag(H)``, as a fraction of its mean (reference ``percdamp=.01``).
         block_size: columns per lazy-batch block (reference 128).
+        true_sequential: within a layer, quantize q/k/v, then o, then gate/up, then down, each on
+            inputs through the already-quantized earlier ones (reference ``--true-sequential``, off
+            by default there too).
     """
 
     bits: int = 4
@@ -32,10 +35,13 @@ class GPTQConfig:
     act_order: bool = False
     damp: float = 0.01
     block_size: int = 128
+    true_sequential: bool = False
 
     def __post_init__(self) -> None:
         check_bits(self.bits)
         check_group_size(self.group_size)
         check_damp(self.damp)
+        if not isinstance(self.true_sequential, bool):
+            raise UserError(f"true_sequential must be true or false, got {self.true_sequential!r}")
         if self.block_size < 1:
             raise UserError(f"block_size must be >= 1, got {self.block_size}")
