@@ -270,7 +270,7 @@ def perplexity_cmd(
 @app.command("compress")
 def compress_cmd(
     method: Annotated[str, typer.Argument(help="rtn | gptq | awq | ganq (quantize); magnitude | wanda | sparsegpt (prune).")],
-    model: Annotated[str, typer.Option("--model", "-m", help="A local Hugging Face model folder, or zoo:NAME.")],
+    model: Annotated[str, typer.Option("--model", "-m", help="A local Hugging Face model folder, a .gguf file, real:NAME or zoo:NAME.")],
     out: Annotated[Path | None, typer.Option(help="Output model folder (with compression.json). Omit to only measure.")] = None,
     bits: Annotated[int | None, typer.Option(help="Quantizers: code width, 2..8.")] = None,
     group_size: Annotated[int | None, typer.Option(help="Quantizers: columns per scale group; 0 = per-channel.")] = None,
@@ -342,7 +342,7 @@ app.add_typer(prune_app, name="prune")
 @prune_app.command("layers")
 def prune_layers_cmd(
     criterion: Annotated[str, typer.Option("--criterion", "-c", help="zigzag | angular | block-influence (see above).")],
-    model: Annotated[str, typer.Option("--model", "-m", help="A local Hugging Face model folder, or zoo:NAME.")],
+    model: Annotated[str, typer.Option("--model", "-m", help="A local Hugging Face model folder, a .gguf file, real:NAME or zoo:NAME.")],
     out: Annotated[Path, typer.Option(help="Output model folder (config with fewer layers, tokenizer, layer_prune.json).")],
     remove: Annotated[int | None, typer.Option(help="Remove this many layers: the top scores (angular: the best contiguous block of this many).")] = None,
     threshold: Annotated[float | None, typer.Option(help="Remove every layer whose score is >= t x the maximum score, t in (0, 1] (the zigzag paper uses 0.9 and 0.8).")] = None,
@@ -881,6 +881,8 @@ def reproduce(
     out: Annotated[Path, typer.Option(help="Report folder.")] = Path("reports"),
     overwrite: Annotated[bool, typer.Option(help="Replace an existing report folder.")] = False,
     quick: Annotated[bool, typer.Option(help="A shrunken run (what the tests use).")] = False,
+    full: Annotated[bool, typer.Option(help="Also the settings that do not fit the 15-minute budget "
+                                            "(reproductions that have them say so in their report).")] = False,
     seed: Annotated[int, typer.Option(help="Base seed for reproductions that sample (zoo evaluates fixed held-out sets).")] = 0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -905,6 +907,8 @@ def reproduce(
                 typer.echo(f"{r['name']:<16} {r['title']} — {r['summary']}")
         return
     names = sorted(repros) if name == "all" else [get(name).name]
+    if quick and full:
+        raise UserError("--quick and --full exclude each other")
     if out.exists() and not out.is_dir():
         raise UserError(f"--out '{out}' is a file, not a folder")
     report_dir = out / name
@@ -916,7 +920,8 @@ def reproduce(
             work = Path(scratch) / n
             work.mkdir()
             t0 = time.time()
-            res = repros[n].fn(ReproduceOptions(out_dir=work, quick=quick, seed=seed))
+            res = repros[n].fn(ReproduceOptions(out_dir=work, quick=quick, seed=seed, full=full,
+                                                progress=not as_json))
             res.seconds = round(time.time() - t0, 1)
             results.append(res)
         paths = write_report(results, report_dir, title=f"lmforge reproduce {name}", overwrite=overwrite)

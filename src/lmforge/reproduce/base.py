@@ -76,11 +76,16 @@ class ReproduceOptions:
         out_dir: a fresh directory where the experiment may write figures and artefacts.
         quick: shrink the experiment (tests use this); the report says so.
         seed: base random seed.
+        full: also run the settings that do not fit the 15-minute budget, where a reproduction has
+            them (``lmforge reproduce NAME --full``); the report says which ran.
+        progress: show progress bars on long steps.
     """
 
     out_dir: Path
     quick: bool = False
     seed: int = 0
+    full: bool = False
+    progress: bool = False
 
 
 ReproFn = Callable[[ReproduceOptions], ClaimResult]
