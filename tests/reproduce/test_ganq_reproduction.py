@@ -28,3 +28,27 @@ def test_ganq_reproduction_quick(tmp_path):
     from pathlib import Path
 
     assert res.figures and all(Path(f.path).is_file() and Path(f.path).stat().st_size > 1000 for f in res.figures)
+
+
+def test_real_run_evaluator_is_the_shared_perplexity_and_a_plain_kl():
+    """The real-model run scores perplexity and KL in one pass: the perplexity must be
+    lmforge.compression.perplexity_of_ids's, the KL the mean over positions of sum p (log p - log q)."""
+    import copy
+
+    import torch
+
+    from lmforge.compression import perplexity_of_ids
+    from lmforge.models import load
+    from lmforge.reproduce.ganq import _evaluate
+
+    model, _ = load("zoo:agent-small")
+    ids = torch.randint(0, model.config.vocab_size, (300,), generator=torch.Generator().manual_seed(0))
+    ppl, kl0, ref = _evaluate(model, ids, 64, 128, None)
+    assert abs(ppl - perplexity_of_ids(model, ids, 64)) < 1e-6 * ppl and kl0 == 0.0 and len(ref) == 2
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.model.layers[0].mlp.down_proj.weight.mul_(0.5)
+    _, kl, _ = _evaluate(other, ids, 64, 128, ref)
+    logq = [torch.log_softmax(other(input_ids=ids[b : b + 64][None]).logits[0, :-1].float(), -1) for b in (0, 64)]
+    naive = sum(float((p.exp() * (p - q)).sum()) for p, q in zip(ref, logq)) / sum(p.shape[0] for p in ref)
+    assert kl > 0 and abs(kl - naive) < 1e-5 * naive

@@ -20,6 +20,7 @@ near-lossless by construction.
 from __future__ import annotations
 
 import copy
+import math
 import time
 from typing import Any
 
@@ -104,25 +105,36 @@ def row_kurtosis(model: Any) -> float:
 
 
 @torch.no_grad()
-def _window_logprobs(model: Any, ids: torch.Tensor, seq_len: int) -> list[torch.Tensor]:
-    """float32 next-token log-probabilities of each disjoint window of ``ids``."""
+def _evaluate(model: Any, ids: torch.Tensor, seq_len: int, kl_tokens: int,
+              ref: list[torch.Tensor] | None) -> tuple[float, float, list[torch.Tensor]]:
+    """One pass over disjoint windows of ``ids``: ``(perplexity, KL(ref || model), log-probs)``.
+
+    The perplexity is :func:`lmforge.compression.perplexity_of_ids`'s (the first token of each window
+    is context only). The float32 next-token log-probabilities of the windows within the first
+    ``kl_tokens`` tokens are returned and, given the full-precision model's (``ref``), give the mean
+    KL over their positions (0.0 without ``ref``).
+    """
     from lmforge.common.batching import inference
 
-    out = []
+    nll, n, kl, n_kl, kept = 0.0, 0, 0.0, 0, []
     with inference(model):
-        for b in range(0, len(ids) - 1, seq_len):
+        for k, b in enumerate(range(0, len(ids) - 1, seq_len)):
             window = ids[b : b + seq_len][None]
-            out.append(F.log_softmax(model(input_ids=window, use_cache=False).logits[0, :-1].float(), dim=-1))
-    return out
-
-
-def _kl_windows(ref: list[torch.Tensor], other: list[torch.Tensor]) -> float:
-    total = sum(float((p.exp() * (p - q)).sum()) for p, q in zip(ref, other))
-    return total / sum(p.shape[0] for p in ref)
+            if window.shape[1] < 2:
+                break
+            logp = F.log_softmax(model(input_ids=window, use_cache=False).logits[0, :-1].float(), dim=-1)
+            nll -= float(logp.gather(1, window[0, 1:, None]).sum())
+            n += window.shape[1] - 1
+            if b + seq_len <= kl_tokens:
+                kept.append(logp)
+                if ref is not None:
+                    p = ref[k]
+                    kl += float((p.exp() * (p - logp)).sum())
+                    n_kl += p.shape[0]
+    return math.exp(nll / n), (kl / n_kl if n_kl else 0.0), kept
 
 
 def _run_real(opts: ReproduceOptions) -> ClaimResult:
-    from lmforge.compression import perplexity_of_ids
     from lmforge.data import essays
     from lmforge.data.calibration import token_ids
 
@@ -131,8 +143,7 @@ def _run_real(opts: ReproduceOptions) -> ClaimResult:
     kurt = row_kurtosis(base)
     calib = token_windows(tok, essays.split("calibration"), REAL_CALIB[0], REAL_CALIB[1], opts.seed)
     ev = torch.tensor(token_ids(tok, essays.split("evaluation"))[:EVAL_TOKENS], dtype=torch.long)
-    fp_ppl = perplexity_of_ids(base, ev, SEQ_LEN)
-    ref = _window_logprobs(base, ev[:KL_TOKENS], SEQ_LEN)
+    fp_ppl, _, ref = _evaluate(base, ev, SEQ_LEN, KL_TOKENS, None)
     settings = [s for s in REAL_SETTINGS if opts.full or not s[3]]
     results: dict[str, dict[str, float]] = {}
     for label, method, flags, _ in settings:
@@ -141,9 +152,10 @@ def _run_real(opts: ReproduceOptions) -> ClaimResult:
         t0 = time.perf_counter()
         res = get_method(method).apply(model, calib, cfg, progress=opts.progress)
         secs = time.perf_counter() - t0
+        ppl, kl, _ = _evaluate(model, ev, SEQ_LEN, KL_TOKENS, ref)
         results[label] = {
-            "ppl": perplexity_of_ids(model, ev, SEQ_LEN),
-            "kl": _kl_windows(ref, _window_logprobs(model, ev[:KL_TOKENS], SEQ_LEN)),
+            "ppl": ppl,
+            "kl": kl,
             "rel_error": sum(r.rel_error for r in res.layers) / len(res.layers),
             "seconds": secs,
         }
