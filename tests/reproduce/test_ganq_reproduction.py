@@ -49,6 +49,7 @@ def test_real_run_evaluator_is_the_shared_perplexity_and_a_plain_kl():
     with torch.no_grad():
         other.model.layers[0].mlp.down_proj.weight.mul_(0.5)
     _, kl, _ = _evaluate(other, ids, 64, 128, ref)
-    logq = [torch.log_softmax(other(input_ids=ids[b : b + 64][None]).logits[0, :-1].float(), -1) for b in (0, 64)]
+    with torch.no_grad():
+        logq = [torch.log_softmax(other(input_ids=ids[b : b + 64][None]).logits[0, :-1].float(), -1) for b in (0, 64)]
     naive = sum(float((p.exp() * (p - q)).sum()) for p, q in zip(ref, logq)) / sum(p.shape[0] for p in ref)
     assert kl > 0 and abs(kl - naive) < 1e-5 * naive

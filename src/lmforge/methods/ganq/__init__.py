@@ -15,6 +15,6 @@ register(
         paper="GANQ: GPU-Adaptive Non-Uniform Quantization (ICML 2025)",
         config_cls=GANQConfig,
         entry=apply_ganq,
-        status="implemented",
+        status="works",
     )
 )
