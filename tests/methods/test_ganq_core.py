@@ -218,8 +218,8 @@ def test_default_returns_the_last_iterate_of_the_papers_loop() -> None:
     """Algorithm 1 written out from the steps: T^0 uniform, K times S-step then T-step, return (T^K, Q^K),
     with H factorised undampened when it is positive definite (Remark 3.1)."""
     W, H = correlated_layer(16, 64, tokens=256, seed=3, dtype=torch.float32)
-    cfg = GANQConfig(bits=3, iters=4)
-    assert (cfg.init, cfg.select, cfg.damp_when) == ("uniform", "last", "needed")
+    cfg = GANQConfig(bits=3, iters=4, t_step_dtype="float64")  # the float64 steps below, bit for bit
+    assert (GANQConfig().init, GANQConfig().select, GANQConfig().damp_when) == ("uniform", "last", "needed")
     q, hist = ganq_quantize(W, H, cfg, return_history=True)
     H64 = H.double()
     L = torch.linalg.cholesky(H64)  # positive definite: no lambda*I
@@ -362,9 +362,15 @@ def test_stacked_linears_sharing_h_give_each_linears_own_result() -> None:
     parts = [W[:12], W[12:20], W[20:]]
     cfg = GANQConfig(bits=3, iters=3, outlier_frac=0.05, init="both")
     split = _split_rows(ganq_quantize(W, H, cfg), [12, 8, 10])
+    H64 = H.double()
     for part, got in zip(parts, split):
         alone = ganq_quantize(part, H, cfg)
+        # Up to float rounding (a stacked product may sum in another order): a code may rarely flip,
+        # so the codes agree almost everywhere and each row's objective to 1e-4.
         assert (got.codes == alone.codes).float().mean() > 0.999
-        torch.testing.assert_close(got.dequantize(), alone.dequantize(), rtol=0, atol=1e-5)
+        def rows(q, W=part):
+            D = W.double() - q.dequantize().double()
+            return ((D @ H64) * D).sum(dim=1)
+        torch.testing.assert_close(rows(got), rows(alone), rtol=1e-4, atol=0)
         assert got.n_outliers == alone.n_outliers == part.shape[0] * round(0.05 * 64)
         assert torch.equal(got.outlier_rows.sort().values, alone.outlier_rows.sort().values)

@@ -17,7 +17,8 @@ act-order column permutation, CPU tensors, ``x`` 2-D in float32, bfloat16 or flo
 Speed (``benchmarks/int4_matmul.py``): the kernel is fast with bfloat16 activations only; with
 float32 activations it ran 6-15x slower than a dense float32 matmul on a 2-core AVX2 CPU. So the
 ``"int4"`` path computes in bfloat16 (``x`` cast down, the output cast back), which rounds the
-activations as a bfloat16 model does; the float32 kernel call is kept for the exactness test.
+activations, and the kernel's scales and zero offsets, to bfloat16 (a bfloat16 model rounds its weights
+instead); the float32 kernel call is exact to the dequantized weight, which a test checks.
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ class Int4Packed:
             self._sz[dtype] = self._sz64.to(dtype).contiguous()
         return self._sz[dtype]
 
-    def nbytes(self) -> int:
-        return self.weight.numel() * self.weight.element_size() + self._sz64.numel() * 2  # bf16 scales
+    def nbytes(self, dtype: torch.dtype = torch.bfloat16) -> int:
+        """Bytes the kernel reads for one matmul with ``dtype`` activations (codes + scales/zeros)."""
+        return self.weight.numel() * self.weight.element_size() + self._sz64.numel() * dtype.itemsize
 
 
 def pack_int4(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> Int4Packed:

@@ -18,8 +18,9 @@ Both matmuls work on blocks of output rows: a block's codes are unpacked (to flo
 codes, to the int64 indices ``gather`` and ``scatter_add_`` need for codebooks) and dequantized while
 they are still in cache, and only
 one block's float weight exists at a time, so a forward never materialises the whole float weight
-(memory is the point of quantization). Nothing is cached unless a module is built with
-``cache_weight=True``.
+(memory is the point of quantization). No dense weight is cached unless a module is built with
+``cache_weight=True``. A uniform 4-bit layer that runs PyTorch's int4 kernel keeps a second copy of its
+codes in the kernel's layout (as many bytes as ``qweight``), made on its first such forward.
 
 Checked for reuse: compressed-tensors' ``CompressedLinear`` decompresses the whole weight on every
 forward and has no per-row-codebook format; transformers' quantizers (GPTQ/AWQ via gptqmodel, HQQ,
@@ -414,7 +415,8 @@ class UniformQuantLinear(_QuantLinearBase):
         block_rows: output rows dequantized at a time (None: automatic).
         device: where to create the buffers.
         kernel: ``"auto"`` (PyTorch's CPU int4 kernel, :mod:`lmforge.common.int4_cpu`, for bfloat16 and
-            float16 inputs where the layer fits it; float32 inputs take the exact dequantize path),
+            float16 inputs where the layer fits it and ``cache_weight`` is off; float32 inputs take the
+            exact dequantize path; a layer that does not fit takes it silently),
             ``"int4"`` (the kernel for every input, computing in bfloat16: fast, with bfloat16-rounded
             activations; a layer that does not fit warns once and falls back) or ``"dequant"``.
     """
@@ -556,13 +558,16 @@ class UniformQuantLinear(_QuantLinearBase):
         return self._int4[1]
 
     def _use_int4(self, x: torch.Tensor) -> bool:
-        if self.kernel == "dequant" or (self.kernel == "auto" and x.dtype not in (torch.bfloat16, torch.float16)):
+        kernel = getattr(self, "kernel", "auto")  # a module pickled before the kernel existed
+        if kernel == "dequant" or (kernel == "auto" and (self.cache_weight or x.dtype not in (torch.bfloat16, torch.float16))):
+            # auto leaves a module that caches its dense weight on that weight (what was asked for).
             return False
         reason = self.int4_reason()
         if reason is None:
             return True
-        if self.kernel == "int4" and not self._int4_warned:
-            warnings.warn(f"int4 kernel unavailable, using the dequantize path: {reason}", stacklevel=3)
+        if kernel == "int4" and not self._int4_warned:
+            warnings.warn(f"int4 kernel unavailable for a {self.out_features}x{self.in_features} layer, using the "
+                          f"dequantize path: {reason}", stacklevel=3)
             self._int4_warned = True
         return False
 

@@ -49,7 +49,8 @@ def apply_ganq(
     def group_fn(names, weights, H):
         # Rows are independent terms of the objective and every per-row choice (codebook, outliers,
         # the best of two starts) is made row by row, so the linears that share H (q/k/v, gate/up) are
-        # quantized in one call on their stacked rows: the same result, one S-step loop instead of three.
+        # quantized in one call on their stacked rows: the same result up to float summation order (a
+        # code may rarely flip), one S-step loop instead of three.
         q = ganq_quantize(torch.cat(weights, dim=0), H, cfg)
         parts = _split_rows(q, [int(w.shape[0]) for w in weights])
         return [LinearResult(weight=p.dequantize(), quantized=p) for p in parts]

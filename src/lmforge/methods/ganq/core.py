@@ -305,8 +305,8 @@ def t_step(
 ) -> torch.Tensor:
     """Optimal codebooks for fixed codes: ``T_i = W_i H S_i^T (S_i H S_i^T)^+`` for every row at once.
 
-    ``A_i = S_i H S_i^T`` (K x K) and ``b_i = W_i H S_i^T`` are built from the one-hot ``S_i`` by batched
-    products; ``A_i t = b_i`` is solved by Cholesky in float64 (pseudo-inverse for any row where that
+    ``H S_i^T`` is one GEMM of ``H`` with the one-hot ``S_i^T`` of a chunk of rows; ``A_i = S_i H S_i^T``
+    (K x K) and ``b_i = W_i H S_i^T`` are then sums of its rows (resp. of ``W H``'s entries) by code; ``A_i t = b_i`` is solved by Cholesky in float64 (pseudo-inverse for any row where that
     fails). Outlier entries are exact, so they are left out of ``S_i`` and zeroed in ``W_i``: the row's
     objective is then ``||(W_i - O_i - T_i S_i) L||^2`` with ``O_i`` the outliers.
 
