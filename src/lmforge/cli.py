@@ -189,6 +189,10 @@ def generate_cmd(
         "(default: on when the tokenizer has one).")] = None,
     system: Annotated[str | None, typer.Option(help="A system message (implies --chat).")] = None,
     dtype: DtypeOpt = "auto",
+    kernel: Annotated[str, typer.Option(
+        help="Uniform 4-bit layers of an lmforge-quantized model: auto (PyTorch's CPU int4 kernel for "
+        "bf16/fp16 inference, the exact dequantize path for fp32), int4 (the kernel always, computing in "
+        "bf16) or dequant.")] = "auto",
     threads: ThreadsOpt = None,
     allow_pickle: PickleOpt = False,
     trust_remote_code: RemoteOpt = False,
@@ -212,9 +216,13 @@ def generate_cmd(
     check_threads(threads)
     if system is not None and chat is False:
         raise UserError("--system needs --chat (a raw prompt has no system turn)")
+    from lmforge.common.qlinear import check_kernel, set_kernel
+
+    check_kernel(kernel)
     torch_dtype = resolve_dtype(dtype)
     set_threads(threads)
     lm, tok = load(model, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, dtype=torch_dtype)
+    set_kernel(lm, kernel)
     use_chat = chat if chat is not None else (system is not None or bool(getattr(tok, "chat_template", None)))
     if use_chat and not getattr(tok, "chat_template", None):
         raise UserError(f"--chat: the tokenizer of '{model}' has no chat template; drop --chat/--system")

@@ -73,6 +73,13 @@ def test_unknown_reproduction(tmp_path):
     assert "unknown reproduction 'nope'" in line
 
 
+def test_bad_kernel_and_quick_with_full_are_one_line_before_any_work(tmp_path):
+    line = _one_error_line(run_cli("generate", "zoo:agent-nano", "--kernel", "fast", "-p", "hi"))
+    assert "--kernel must be one of auto, int4, dequant" in line
+    line = _one_error_line(run_cli("reproduce", "ganq", "--quick", "--full", "--out", str(tmp_path / "r")))
+    assert "exclude each other" in line and not (tmp_path / "r").exists()
+
+
 def test_model_folder_without_config(tmp_path):
     from lmforge.common.errors import UserError
     from lmforge.models import load

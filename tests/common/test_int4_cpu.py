@@ -87,3 +87,21 @@ def test_forced_kernel_on_a_layer_that_does_not_fit_warns_once_and_is_exact() ->
     assert torch.equal(y1, y2)
     with pytest.raises(ValueError, match="kernel"):
         UniformQuantLinear(8, 16, bits=4, kernel="fast")
+
+
+def test_kernel_choice_is_checked_and_set_on_every_uniform_layer(monkeypatch) -> None:
+    from torch import nn
+
+    from lmforge.common.errors import UserError
+    from lmforge.common.qlinear import check_kernel, set_kernel
+
+    q = quantize_rtn(torch.randn(32, 64) * 0.05, 4, 32, False)
+    model = nn.Sequential(UniformQuantLinear.from_quantized(q), nn.ReLU(), UniformQuantLinear.from_quantized(q))
+    assert set_kernel(model, "dequant") == 2 and {m.kernel for m in model if hasattr(m, "kernel")} == {"dequant"}
+    with pytest.raises(UserError, match="--kernel must be one of"):
+        check_kernel("fast")
+    monkeypatch.setattr(int4_cpu, "available", lambda: False)
+    with pytest.raises(UserError, match="no CPU int4 matmul"):
+        set_kernel(model, "int4")
+    assert {m.kernel for m in model if hasattr(m, "kernel")} == {"dequant"}  # nothing changed
+    check_kernel("auto")  # auto never needs the kernel

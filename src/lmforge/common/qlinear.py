@@ -53,11 +53,14 @@ from lmforge.common.quant import (
 )
 
 __all__ = [
+    "KERNELS",
     "CodebookQuantLinear",
     "UniformQuantLinear",
+    "check_kernel",
     "dequant_matmul",
     "is_quant_linear",
     "lut_matmul",
+    "set_kernel",
     "swap_linear",
     "weight_bytes",
 ]
@@ -345,6 +348,27 @@ def lut_matmul(
 
 # Forward paths of UniformQuantLinear (see its docstring).
 KERNELS = ("auto", "int4", "dequant")
+
+
+def check_kernel(kernel: str) -> None:
+    """A UserError (one line) for a kernel name that is unknown or that this torch build lacks."""
+    if kernel not in KERNELS:
+        raise UserError(f"--kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
+    if kernel == "int4" and not int4_cpu.available():
+        raise UserError(f"--kernel int4: torch {torch.__version__} has no CPU int4 matmul "
+                        "(aten._weight_int4pack_mm_for_cpu); use --kernel auto or dequant")
+
+
+def set_kernel(model: nn.Module, kernel: str) -> int:
+    """Set the forward path of every :class:`UniformQuantLinear` in ``model`` (after
+    :func:`check_kernel`); returns how many modules were set."""
+    check_kernel(kernel)
+    n = 0
+    for mod in model.modules():
+        if isinstance(mod, UniformQuantLinear):
+            mod.kernel = kernel
+            n += 1
+    return n
 
 
 def _make_bias(out_features: int, bias: bool, dtype: torch.dtype, device: torch.device | str | None):
