@@ -226,7 +226,7 @@ def test_default_returns_the_last_iterate_of_the_papers_loop() -> None:
     W64 = W.double()
     T = init_uniform(W64, 8)
     for _ in range(4):
-        codes = s_step(W64, L, T)
+        codes = s_step(W64, L, T, block_size=cfg.block_size)  # the driver's blocking: same sums, same order
         T = t_step(W64, H64, codes, T)
     torch.testing.assert_close(q.codebook, T.float(), rtol=0, atol=1e-6)
     assert torch.equal(q.codes.long(), codes)

@@ -14,8 +14,10 @@ grid to minimise the group's partial output error, except for q/k whose errors a
 softmax. Finally every linear is quantized group-wise with round-to-nearest.
 
 The grid is the official ``pseudo_quantize_tensor``'s, not GPTQ's: asymmetric groups span their own
-``[min, max]`` (GPTQ's grid always includes 0, a coarser grid for a group of one sign), with the range
-clamped at 1e-5 and the zero point clamped to ``[0, 2^b - 1]``; symmetric groups use
+``[min, max]`` (GPTQ's grid always includes 0), with the range clamped at 1e-5 and the zero point
+clamped to ``[0, 2^b - 1]``. On a group of one sign that clamp pins the grid's end to 0 while its span
+stays the group's range, so the group's largest-magnitude values are clipped: the official code's
+behaviour, kept (a test checks it). Symmetric groups use
 ``scale = max|w| / (2^(b-1) - 1)`` and signed codes ``[-2^(b-1), 2^(b-1) - 1]`` (stored offset by
 ``2^(b-1)``), where GPTQ uses ``2 max|w| / (2^b - 1)``. See :func:`awq_qparams`.
 

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from lmforge.common.compress import CompressionResult, LinearResult, compress_linears
-from lmforge.methods.ganq.config import GANQConfig
 from lmforge.common.quant import CodebookQuantized
+from lmforge.methods.ganq.config import GANQConfig
 from lmforge.methods.ganq.core import ganq_quantize
 
 

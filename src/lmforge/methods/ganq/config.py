@@ -69,7 +69,8 @@ class GANQConfig:
     #   agent-small, all 28 linears (2,590 calibration tokens): 3-bit 0.0168 vs 0.0158 (kmeans better on
     #     21/28), 4-bit 0.0069 vs 0.0073 (kmeans better on only 2/28)
     # so kmeans is usually the better start, and init=both with select=best (never worse than either,
-    # twice the time) is the strengthened variant the reproduction reports beside the paper's default.
+    # twice the time) is the strengthened variant, reported beside the paper's default by
+    # `lmforge reproduce ganq --full`.
     init: str = "uniform"
     select: str = "last"
     outlier_frac: float = 0.0
