@@ -69,7 +69,7 @@ def _official_pseudo_quantize(w: torch.Tensor, n_bit: int, group: int, zero_poin
 def test_awq_grid_is_the_official_pseudo_quantize_tensor():
     g = torch.Generator().manual_seed(0)
     w = torch.randn(6, 64, generator=g)
-    w[0] = w[0].abs() + 0.3  # an all-positive row: its own min, not 0, is the bottom of the grid
+    w[0] = w[0].abs() + 0.3  # an all-positive row: the zero-point clamp pins its grid to 0 (clips the top)
     w[1] = -w[1].abs() - 0.3
     w[2, :32] = 0.0  # an all-zero group: the range clamps at 1e-5
     for bits in (3, 4):
