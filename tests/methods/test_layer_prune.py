@@ -374,3 +374,67 @@ def test_zigzag_ranks_inserted_identity_blocks_first(small, inserted):
     assert sorted(np.argsort(-r)[:3].tolist()) == inserted, r
     assert r[inserted].min() - r[real].max() > 0.03, r
     assert lp.select_layers(r, remove=3) == inserted
+
+
+# ------------------------------------------------------------------ one pass for every criterion
+
+
+def test_layer_statistics_equal_each_criterion_computed_alone(small):
+    """One pass gives what each criterion's own pass gives: Block Influence from hidden_states over all
+    tokens, angular distance from last-token states, zigzag from the official clouds; a subset of the
+    prompts re-scores as if only those prompts had been run, and select() removes what prune_layers
+    removes (batches of another size: equal up to float32 forward noise). agent-small's tokenizer adds a BOS, so this also covers the two-pass path (stripped texts
+    encode differently with and without special tokens)."""
+    pytest.importorskip("lmforge.methods.zigzag.descriptors")
+    from lmforge.data.calibration import builtin_texts
+
+    model, tok = small
+    texts = [t.strip() for t in builtin_texts(0, 40)]
+    stats = lp.layer_statistics(model, tok, texts, batch_size=7)
+    n = model.config.num_hidden_layers
+    assert stats.cos_sums.shape == (40, n) and stats.last.shape[:2] == (40, n + 1)
+
+    np.testing.assert_allclose(stats.scores("block-influence")[0],
+                               lp.block_influence(lp.hidden_states(model, tok, texts, tokens="all")), rtol=1e-6)
+    last = lp.hidden_states(model, tok, texts, tokens="last")
+    np.testing.assert_allclose(stats.scores("angular")[0], lp.angular_distance(last, 1), rtol=1e-6)
+    r_blocks, r_all = lp._zigzag_r(model, tok, texts, k=4, p=1, alpha=0.0, batch_size=16, cloud="mid")
+    got, extra_max = stats.scores("zigzag", k=4)
+    np.testing.assert_allclose(got, r_blocks)
+    assert extra_max == pytest.approx(float(r_all.max()))
+
+    sub = [3, 17, 5, 30, 11, 0, 22, 9, 38, 14]
+    part = stats.subset(sub)
+    alone = [texts[i] for i in sub]
+    np.testing.assert_allclose(part.scores("block-influence")[0],
+                               lp.block_influence(lp.hidden_states(model, tok, alone, tokens="all")), rtol=1e-6)
+    np.testing.assert_allclose(part.scores("angular")[0],
+                               lp.angular_distance(lp.hidden_states(model, tok, alone, tokens="last"), 1), rtol=1e-6)
+
+    for crit, kw in [("block-influence", {"remove": 2}), ("angular", {"remove": 2}), ("zigzag", {"remove": 2}),
+                     ("zigzag", {"threshold": 0.9})]:
+        rec = lp.prune_layers("zoo:agent-small", crit, out=None, texts=texts, n_texts=40, measure_ppl=False, **kw)
+        assert stats.select(crit, **kw) == rec["removed"], (crit, kw)
+
+
+def test_layer_statistics_one_pass_when_the_encodings_agree(small, monkeypatch):
+    """With a tokenizer that adds no special tokens, the clouds come from the same pass (no call of
+    official_point_clouds) and equal the official clouds (to float32 noise of another batching)."""
+    pytest.importorskip("lmforge.methods.zigzag.descriptors")
+    model, tok = small
+
+    class NoBos:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __call__(self, text, add_special_tokens=True, **kw):
+            return self.inner(text, add_special_tokens=False, **kw)
+
+    plain = NoBos(tok)
+    texts = [t.strip() for t in TEXTS]
+    want = lp.official_point_clouds(model, plain, texts)
+    calls = []
+    monkeypatch.setattr(lp, "official_point_clouds", lambda *a, **k: calls.append(1) or want)
+    stats = lp.layer_statistics(model, plain, texts, batch_size=4)
+    assert not calls
+    np.testing.assert_allclose(stats.clouds, np.stack(want, axis=1), rtol=1e-4, atol=1e-4)

@@ -304,20 +304,35 @@ def _single_turn_cell(task: SingleTurnTask, items: list[Item], model: Any, base:
                       base_cache: dict[Any, Any] | None = None) -> dict[str, Any]:
     from lmforge.bench.divergence import answer_divergence
 
-    responses = _generate_texts(model, tok, items, opts.batch_size, advance)
-    scores = [task.score(it, r, ctx) for it, r in zip(items, responses)]
+    cell = score_single_turn(task, items, model, tok, ctx, batch_size=opts.batch_size, advance=advance)
     div = answer_divergence(model, base, tok, [(it.prompt, it.reference) for it in items], batch_size=opts.batch_size,
                             base_cache=base_cache)
-    per_item = [
-        {"id": it.id, "response": r, **s, "nll": n, "kl": k, **{f"meta_{m}": v for m, v in it.meta.items()}}
-        for it, r, s, n, k in zip(items, responses, scores, div["nll"], div["kl"])
-    ]
+    for row, n, k in zip(cell["per_item"], div["nll"], div["kl"]):
+        row["nll"], row["kl"] = n, k
+    cell["metrics"]["answer_nll"] = float(sum(div["nll"]) / len(items))
+    cell["metrics"]["answer_kl"] = float(sum(div["kl"]) / len(items))
+    return cell
+
+
+def score_single_turn(task: SingleTurnTask, items: list[Item], model: Any, tok: Any, ctx: Context, *,
+                      batch_size: int = 16, advance: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Greedy answers of an in-memory ``model`` to ``items``, scored by the task's official scorer.
+
+    Returns ``{"metrics", "per_item", "floor"}`` (and ``"buckets"`` where items carry one): the mean of
+    each score, the per-item responses and scores, and the floor, what an empty answer scores on the
+    same items. This is a cell of :func:`run_acbench` without the answer NLL/KL against an original,
+    for callers that hold the model in memory (a reproduction comparing many pruned copies).
+    """
+    if not items:
+        raise UserError(f"task {task.name}: no records to run")
+    responses = _generate_texts(model, tok, items, batch_size, advance or (lambda _n: None))
+    scores = [task.score(it, r, ctx) for it, r in zip(items, responses)]
+    per_item = [{"id": it.id, "response": r, **s, **{f"meta_{m}": v for m, v in it.meta.items()}}
+                for it, r, s in zip(items, responses, scores)]
     metrics = _mean_metrics(scores)
     # The floor: what an empty answer scores on the same items (BFCL: the irrelevance share, since
     # making no call is right there; 0 for most tasks). A capability is only above floor above this.
     floor = sum(task.score(it, "", ctx)[task.primary] for it in items) / len(items)
-    metrics["answer_nll"] = float(sum(div["nll"]) / len(items))
-    metrics["answer_kl"] = float(sum(div["kl"]) / len(items))
     cell: dict[str, Any] = {"metrics": metrics, "per_item": per_item, "floor": float(floor)}
     buckets: dict[str, list[float]] = {}
     for it, s in zip(items, scores):
@@ -370,6 +385,25 @@ def _analysis_texts(task_items: dict[str, list[Item]], n: int) -> list[str]:
         out.extend(p[i] for p in pools if i < len(p))
         i += 1
     return out[:n]
+
+
+def build_task_items(files: dict[str, list[Path]], tasks: list[str], ctx: Context, *, limit: int | None = None,
+                     task_limits: dict[str, int] | None = None, max_new_tokens: int | None = None) -> dict[str, list[Any]]:
+    """Each task's records from its files: single-turn items or episodic records, round-robin over the
+    files, cut to the task's limit (``task_limits`` over ``limit``), answers capped at ``max_new_tokens``."""
+    out: dict[str, list[Any]] = {}
+    for t in tasks:
+        task = get_task(t)
+        if isinstance(task, SingleTurnTask):
+            per_file = [task.items(p, ctx) for p in files[t]]
+        else:
+            assert isinstance(task, EpisodicTask)
+            per_file = [task.load(p, ctx) for p in files[t]]
+        out[t] = _interleave(per_file)[: (task_limits or {}).get(t, limit)]
+        if max_new_tokens is not None and isinstance(task, SingleTurnTask):
+            for it in out[t]:
+                it.max_new_tokens = min(it.max_new_tokens, max_new_tokens)
+    return out
 
 
 def run_acbench(opts: BenchOptions) -> dict[str, Any]:
@@ -428,21 +462,11 @@ def run_acbench(opts: BenchOptions) -> dict[str, Any]:
         ctx = Context(tokenizer=tok, fmt=_prompt_format(opts.prompt_format, model_spec, tok), seed=opts.seed,
                       embed=embed, length_buckets=tuple(opts.length_buckets), max_positions=max_positions(base),
                       max_steps=opts.max_steps, scoring=opts.scoring, shots=opts.shots)
-        task_items: dict[str, Any] = {}
+        task_items = build_task_items(files, tasks, ctx, limit=opts.limit, task_limits=opts.task_limits,
+                                      max_new_tokens=opts.max_new_tokens)
         # The original's log-probs at the gold completions, kept from its own cells: the compressed
         # settings' KL then needs no second forward of the original (a miss, after a resume, runs it).
         base_lp: dict[Any, Any] = {}
-        for t in tasks:
-            task = get_task(t)
-            if isinstance(task, SingleTurnTask):
-                per_file = [task.items(p, ctx) for p in files[t]]
-            else:
-                assert isinstance(task, EpisodicTask)
-                per_file = [task.load(p, ctx) for p in files[t]]
-            task_items[t] = _interleave(per_file)[: opts.task_limits.get(t, opts.limit)]
-            if opts.max_new_tokens is not None and isinstance(task, SingleTurnTask):
-                for it in task_items[t]:
-                    it.max_new_tokens = min(it.max_new_tokens, opts.max_new_tokens)
         for setting in settings:
             todo_here = [t for s, t in todo if s == setting]
             if not todo_here and setting not in todo_analysis:

@@ -46,6 +46,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +59,13 @@ from lmforge.common.errors import UserError
 __all__ = [
     "CRITERIA",
     "LAYER_PRUNE_FILE",
+    "LayerStatistics",
     "SUPPORTED_MODEL_TYPES",
     "angular_distance",
     "angular_distance_window",
     "block_influence",
     "hidden_states",
+    "layer_statistics",
     "official_point_clouds",
     "prune_layers",
     "remove_layers",
@@ -519,6 +522,139 @@ def official_point_clouds(
             h.remove()
     stacked = np.stack(points)  # (n_texts, L + 1, d)
     return [np.ascontiguousarray(stacked[:, j, :]) for j in range(stacked.shape[1])]
+
+
+# --------------------------------------------------------------------------------------------------
+# every criterion from one pass
+
+
+@dataclass
+class LayerStatistics:
+    """Per-prompt statistics from which each criterion's scores follow, for any subset of the prompts.
+
+    One forward pass over the calibration prompts gives all three criteria, and a subset of the
+    prompts (fewer prompts, another draw) re-scores without another forward: Block Influence is a
+    token-weighted mean of per-prompt sums, angular distance and zigzag use one point per prompt.
+
+    Attributes:
+        cos_sums: ``(n, L)``, per prompt, ``Σ_t cos(x_{ℓ,t}, x_{ℓ+1,t})`` over its tokens (float64).
+        n_tokens: ``(n,)``, the tokens of each prompt in that sum.
+        last: ``(n, L + 1, d)``, each prompt's last-token residual stream at every block boundary
+            (the :func:`hidden_states` convention: embeddings, then each block's output before the
+            final norm).
+        clouds: ``(n, L + 1, d)``, the official zigzag clouds (:func:`official_point_clouds`).
+    """
+
+    cos_sums: np.ndarray
+    n_tokens: np.ndarray
+    last: np.ndarray
+    clouds: np.ndarray
+
+    @property
+    def n_texts(self) -> int:
+        return int(self.n_tokens.shape[0])
+
+    @property
+    def n_blocks(self) -> int:
+        return int(self.cos_sums.shape[1])
+
+    def subset(self, indices: Sequence[int]) -> "LayerStatistics":
+        """The statistics of the prompts ``indices`` alone."""
+        idx = np.asarray(list(indices), dtype=np.int64)
+        if idx.size == 0:
+            raise UserError("no calibration prompts in the subset")
+        return LayerStatistics(self.cos_sums[idx], self.n_tokens[idx], self.last[idx], self.clouds[idx])
+
+    def scores(self, criterion: str, *, k: int = 4, p: int = 1, alpha: float = 0.0) -> tuple[np.ndarray, float | None]:
+        """``(score per block, higher = more removable; the threshold rule's extra maximum or None)``.
+
+        The same numbers as :func:`prune_layers` computes for ``criterion`` on these prompts:
+        ``block-influence`` the token-weighted mean cosine, ``angular`` ``1 - d(x^ℓ, x^{ℓ+1})`` on the
+        last token, ``zigzag`` ``r`` at the official clouds with the final-norm cloud's ``r`` as the
+        extra maximum (``cloud="mid"``).
+        """
+        crit = _check_criterion(criterion)
+        if crit == "block-influence":
+            return self.cos_sums.sum(0) / float(self.n_tokens.sum()), None
+        if crit == "angular":
+            return angular_distance(self._last_states(), 1), None
+        _check_k(k, self.n_texts)
+        _, zigzag_layer_scores = _zigzag_functions()
+        r = np.asarray(zigzag_layer_scores([self.clouds[:, j, :] for j in range(self.clouds.shape[1])],
+                                           k=k, p=p, alpha=alpha), dtype=np.float64).reshape(-1)
+        return r[:-1], float(r.max())
+
+    def select(self, criterion: str, *, remove: int | None = None, threshold: float | None = None, k: int = 4,
+               p: int = 1, alpha: float = 0.0) -> list[int]:
+        """The blocks :func:`prune_layers` removes for ``criterion`` and ``remove``/``threshold``: the
+        top scores, angular distance's best contiguous window for ``remove``, or the threshold rule."""
+        crit = _check_criterion(criterion)
+        _check_selection(remove, threshold)
+        if crit == "angular" and remove is not None:
+            start = angular_distance_window(self._last_states(), remove)
+            return list(range(start, start + int(remove)))
+        scores, max_score = self.scores(crit, k=k, p=p, alpha=alpha)
+        return select_layers(scores, remove=remove, threshold=threshold, max_score=max_score)
+
+    def _last_states(self) -> list[np.ndarray]:
+        return [self.last[:, j, :] for j in range(self.last.shape[1])]
+
+
+def layer_statistics(model: nn.Module, tokenizer: Any, texts: Sequence[str], *, batch_size: int = 8,
+                     max_length: int | None = None, progress: bool = False) -> LayerStatistics:
+    """Everything the three criteria need, for each prompt (see :class:`LayerStatistics`).
+
+    Block Influence and angular distance read the prompts as :func:`hidden_states` does (special
+    tokens, cut to ``max_length``); the zigzag clouds as the official code does (stripped, no special
+    tokens, 2048 tokens). Where both give the same token ids for every prompt (a tokenizer that adds
+    no BOS, stripped prompts within both lengths) one forward pass serves all three; otherwise the
+    clouds take a second pass (:func:`official_point_clouds`).
+    """
+    texts = [str(t) for t in texts]
+    if not texts:
+        raise UserError("no calibration texts")
+    n_blocks = _n_blocks(model)
+    layers = _decoder_layers(model)
+    final = getattr(getattr(model, "model", None), "norm", None)
+    if not n_blocks or layers is None or not isinstance(final, nn.Module) or any(
+            not isinstance(getattr(layers[i], "post_attention_layernorm", None), nn.Module) for i in range(n_blocks)):
+        raise UserError("layer statistics need Llama-style blocks (post_attention_layernorm) and a final model.norm")
+    plain = _encode(tokenizer, texts, _resolve_max_length(model, max_length))
+    official = [list(tokenizer(t.strip(), add_special_tokens=False)["input_ids"])[:2048] for t in texts]
+    one_pass = plain == official
+    n = len(texts)
+    cos_sums = np.zeros((n, n_blocks), dtype=np.float64)
+    n_tokens = np.zeros(n, dtype=np.int64)
+    last: list[np.ndarray | None] = [None] * n
+    clouds: list[np.ndarray | None] = [None] * n
+    modules = [layers[i].post_attention_layernorm for i in range(n_blocks)] + [final]
+    captured: dict[int, torch.Tensor] = {}
+    handles = [mod.register_forward_hook(
+        lambda _m, _a, out, j=j: captured.__setitem__(j, out[0] if isinstance(out, (tuple, list)) else out))
+        for j, mod in enumerate(modules)] if one_pass else []
+
+    def collect(idx: list[int], states: list[torch.Tensor], lengths: torch.Tensor) -> None:
+        for row, i in enumerate(idx):
+            m = int(lengths[row])
+            for ell in range(len(states) - 1):
+                cos_sums[i, ell] = float(_cosine(states[ell][row, :m], states[ell + 1][row, :m]).sum())
+            n_tokens[i] = m
+            last[i] = np.stack([s[row, m - 1].float().cpu().numpy() for s in states])
+            if one_pass:
+                clouds[i] = np.stack([captured[j][row, m - 1].float().cpu().numpy() for j in range(len(modules))])
+        captured.clear()
+
+    try:
+        _run_states(model, tokenizer, texts, collect, batch_size=batch_size, max_length=max_length,
+                    progress=progress, description="layer statistics")
+    finally:
+        for h in handles:
+            h.remove()
+    if one_pass:
+        cloud_arr = np.stack(clouds)  # type: ignore[arg-type]
+    else:
+        cloud_arr = np.stack(official_point_clouds(model, tokenizer, texts, batch_size=batch_size), axis=1)
+    return LayerStatistics(cos_sums, n_tokens, np.stack(last), cloud_arr)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------------------------------
