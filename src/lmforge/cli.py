@@ -287,11 +287,12 @@ def compress_cmd(
     calib_samples: Annotated[int, typer.Option(help="Calibration windows.")] = 128,
     seq_len: Annotated[int | None, typer.Option(help="Tokens per calibration window (default: min(2048, model context)).")] = None,
     calib_file: Annotated[Path | None, typer.Option(help="Calibration text: .jsonl with a 'text' field (C4 style), .json, or plain text. Default: lmforge's built-in zoo mixture.")] = None,
-    eval_file: Annotated[Path | None, typer.Option(help="Held-out text for ppl_before/ppl_after (e.g. WikiText-2 raw). Default: held-out zoo-mixture answers.")] = None,
+    eval_file: Annotated[Path | None, typer.Option(help="Held-out text for ppl_before/ppl_after (e.g. WikiText-2 raw). Default: the Paul Graham essays' held-out split (a zoo model: held-out zoo-mixture answers).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the calibration windows.")] = 0,
     recipe: Annotated[Path | None, typer.Option(help="YAML file of method settings.")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Method setting key=value (e.g. act_order=true); repeatable.")] = None,
     no_ppl: Annotated[bool, typer.Option("--no-ppl", help="Skip the perplexity before/after.")] = False,
+    eval_dtype: Annotated[str, typer.Option("--eval-dtype", help="dtype of the perplexity report: auto (bfloat16 on a CPU with native bf16, else float32), float32 or bfloat16. Compression always runs in float32; the original's perplexity is cached per model and text.")] = "auto",
     no_layer_errors: Annotated[bool, typer.Option("--no-layer-errors", help="Skip the per-layer output errors (they need each input's full X^T X; Wanda, RTN and magnitude then keep only its diagonal).")] = False,
     export_compressed_tensors: Annotated[Path | None, typer.Option("--export-compressed-tensors", help="Also write a compressed-tensors checkpoint (vLLM) here, where the format allows.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace existing output folders.")] = False,
@@ -309,6 +310,12 @@ def compress_cmd(
 
     if seq_len is not None and seq_len < 2:  # before the model loads
         raise UserError(f"--seq-len must be at least 2 tokens, got {seq_len}")
+    from lmforge.common.runtime import DTYPE_CHOICES, resolve_dtype
+
+    try:  # an unknown dtype: one line, before the model loads
+        resolve_dtype(eval_dtype)
+    except UserError:
+        raise UserError(f"--eval-dtype must be one of {', '.join(DTYPE_CHOICES)}, not {eval_dtype!r}") from None
     flags = {"bits": bits, "group_size": group_size, "sparsity": sparsity, "pattern": pattern}
     cfg = make_config(method, recipe=recipe, overrides=set_ or [], flags=flags)
     job = CompressionJob(
@@ -317,7 +324,7 @@ def compress_cmd(
         calib_file=None if calib_file is None else str(calib_file),
         eval_file=None if eval_file is None else str(eval_file),
         seed=seed, measure_ppl=not no_ppl, layer_errors=not no_layer_errors, overwrite=overwrite, allow_pickle=allow_pickle,
-        trust_remote_code=trust_remote_code,
+        trust_remote_code=trust_remote_code, eval_dtype=eval_dtype,
         export_compressed_tensors=None if export_compressed_tensors is None else str(export_compressed_tensors),
         progress=os.environ.get("LMFORGE_NO_PROGRESS") != "1",
     )

@@ -158,3 +158,63 @@ def test_flags_override_recipe_and_set_overrides_flags(tmp_path):
     assert make_config("wanda", overrides=["pattern=2:4"]).pattern == "2:4"  # not YAML's base-60 124
     with pytest.raises(UserError, match="not both"):
         make_config("wanda", flags={"sparsity": 0.5, "pattern": "2:4"})
+
+
+def test_perplexity_report_dtype_and_cache(monkeypatch, tmp_path, nano_dir):
+    """The report runs in --eval-dtype on a cast copy (the compressed float32 weights are never
+    rounded), equals heldout_perplexity of that cast by hand, and the original's perplexity is read
+    back from the cache on the next job with the same model, text and dtype, but measured again when a
+    weight, the window or the dtype differs."""
+    import copy
+
+    import torch
+
+    from lmforge import compression
+    from lmforge.compression import CompressionJob, heldout_perplexity, make_config, run_compression
+    from lmforge.models.load import load
+
+    monkeypatch.setenv("LMFORGE_CACHE", str(tmp_path / "cache"))
+    model, tok = load(str(nano_dir))
+    evalf = tmp_path / "eval.txt"
+    evalf.write_text(" ".join(f"Move block {i} onto block {i + 1}, then call done()." for i in range(60)))
+    texts = compression.default_texts(CompressionJob(method="rtn", model=str(nano_dir), out=None, config=None,
+                                                     eval_file=str(evalf)))[3]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ppl16, _ = compression._report_perplexity(model, tok, texts, 64, 0, torch.bfloat16)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert next(model.parameters()).dtype == torch.float32
+    want16, _ = heldout_perplexity(copy.deepcopy(model).to(torch.bfloat16), tok, texts, seq_len=64)
+    want32, _ = heldout_perplexity(model, tok, texts, seq_len=64)
+    assert ppl16 == want16 and ppl16 != want32
+
+    calls = []
+    real = compression._report_perplexity
+    monkeypatch.setattr(compression, "_report_perplexity", lambda *a: calls.append(a[-1]) or real(*a))
+
+    def job(**kw):
+        base = dict(method="rtn", model=str(nano_dir), out=None, config=make_config("rtn", flags={"bits": 4}),
+                    calib_samples=2, seq_len=64, progress=False, eval_dtype="float32", eval_file=str(evalf))
+        return run_compression(CompressionJob(**{**base, **kw}))
+
+    first = job()
+    assert first["ppl_before"] == pytest.approx(want32) and first["ppl_before_cached"] is False
+    assert first["ppl_dtype"] == "float32" and len(calls) == 2  # before and after
+    second = job(config=make_config("rtn", flags={"bits": 3}))
+    assert second["ppl_before_cached"] is True and second["ppl_before"] == first["ppl_before"]
+    assert len(calls) == 3  # only the compressed model's
+    assert job(eval_dtype="bfloat16")["ppl_before_cached"] is False
+    assert job(seq_len=32)["ppl_before_cached"] is False
+    key = compression._ppl_key(model, tok, texts, 64, 0, torch.float32)
+    bumped = copy.deepcopy(model)
+    with torch.no_grad():
+        next(bumped.parameters()).view(-1)[0] += 1e-3
+    assert compression._ppl_key(bumped, tok, texts, 64, 0, torch.float32) != key
+    assert compression._ppl_key(model, tok, None, 64, 0, torch.float32) != compression._ppl_key(
+        model, tok, None, 64, 1, torch.float32)  # the built-in records of another seed
+    (tmp_path / "cache" / "ppl" / f"{key}.json").write_text("{not json")
+    assert job()["ppl_before_cached"] is False  # a broken entry is measured again
+    # ppl_after is measured on the dense dequantized weights before packing: the saved packed model
+    # gives the same perplexity
+    rec = job(method="gptq", config=make_config("gptq", flags={"bits": 3, "group_size": 32}), out=str(tmp_path / "q"))
+    packed, _ = load(str(tmp_path / "q"))
+    assert heldout_perplexity(packed, tok, texts, seq_len=64)[0] == pytest.approx(rec["ppl_after"], rel=1e-4)
