@@ -286,7 +286,7 @@ def compress_cmd(
     pattern: Annotated[str | None, typer.Option(help="Pruners: N:M, N of every M consecutive input weights pruned (e.g. 2:4).")] = None,
     calib_samples: Annotated[int, typer.Option(help="Calibration windows.")] = 128,
     seq_len: Annotated[int | None, typer.Option(help="Tokens per calibration window (default: min(2048, model context)).")] = None,
-    calib_file: Annotated[Path | None, typer.Option(help="Calibration text: .jsonl with a 'text' field (C4 style), .json, or plain text. Default: lmforge's built-in zoo mixture.")] = None,
+    calib_file: Annotated[Path | None, typer.Option(help="Calibration text: .jsonl with a 'text' field (C4 style), .json, or plain text. Default: the Paul Graham essays' calibration split (a zoo model: lmforge's built-in zoo mixture).")] = None,
     eval_file: Annotated[Path | None, typer.Option(help="Held-out text for ppl_before/ppl_after (e.g. WikiText-2 raw). Default: the Paul Graham essays' held-out split (a zoo model: held-out zoo-mixture answers).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the calibration windows.")] = 0,
     recipe: Annotated[Path | None, typer.Option(help="YAML file of method settings.")] = None,

@@ -207,6 +207,7 @@ def reward_rate(
     temperature: Annotated[float, typer.Option(help="Rewriter temperature (the paper: 0.7).")] = 0.7,
     max_tokens: Annotated[int | None, typer.Option(help="Rewriter tokens per reply.")] = None,
     drop_failed: Annotated[bool, typer.Option(help="Leave out units whose rewrites did not flip the attribute (always counted).")] = False,
+    paired_se: Annotated[bool, typer.Option("--paired-se", help="RATE's standard errors from the per-unit differences (paired) instead of the official code's unpaired formula, which is conservative.")] = False,
     limit: Annotated[int | None, typer.Option(help="Read at most this many records.")] = None,
     seed: Annotated[int, typer.Option(help="Seeds a sampling local rewriter.")] = 0,
     out: Annotated[Path | None, typer.Option(help="Also write the result (with every rewrite) to this JSON file.")] = None,
@@ -215,8 +216,9 @@ def reward_rate(
 ) -> None:
     """RATE: the causal effect of an attribute on a reward model, from rewrites of rewrites.
 
-    Prints the naive, single-rewrite and RATE ATT / ATU / ATE with paired standard errors; rewrites
-    that fail to flip the attribute are counted (and listed in --out).
+    Prints the naive, single-rewrite and RATE ATT / ATU / ATE with standard errors as the official code
+    computes them (naive and RATE unpaired, single-rewrite paired; --paired-se for RATE's paired ones);
+    rewrites that fail to flip the attribute are counted (and listed in --out).
     """
     from lmforge.common.io import atomic_write_json, check_output_file
     from lmforge.methods.rate.apply import load_scorer, run_rate
@@ -237,7 +239,7 @@ def reward_rate(
     if attribute in BUILTIN:
         classifier, programmatic, base = builtin_attribute(attribute, texts)
     cfg = RateConfig(attribute=attribute, w1_string=w1 or base.w1_string, w0_string=w0 or base.w0_string,
-                     temperature=temperature, max_tokens=max_tokens, drop_failed=drop_failed)
+                     temperature=temperature, max_tokens=max_tokens, drop_failed=drop_failed, paired_se=paired_se)
     if any(r["w"] is None for r in rows):
         if classifier is None:
             raise UserError(f"records lack 'w' and '{attribute}' is not a built-in attribute ({', '.join(BUILTIN)})")

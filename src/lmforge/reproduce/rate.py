@@ -145,22 +145,26 @@ def run(opts: ReproduceOptions) -> ClaimResult:
 
     sweep_rows = []
     curves: dict[str, list[float]] = {"naive": [], "single rewrite ATT": [], "single rewrite ATU": [], "RATE ATE": []}
-    coverages, cover_p = [], []
+    coverages, cover_p, paired_cov = [], [], []
     a = S.SyntheticRateTask().a
     for pi, p in enumerate(ps):
         task = S.SyntheticRateTask(p_l_given_w1=p)
-        es = []
+        es, paired_es = [], []
         for s in range(n_seeds):
             seed = opts.seed * 100_003 + pi * 1000 + s  # fresh seeds per point: independent estimates
             pr, y, w = S.sample(task, n_units, seed)
             es.append(run_rate(pr, y, w, S.reward(task), S.rewriter(task, seed + 7), RateConfig(),
                                classifier=S.classifier)["effects"])
+            # the same data with the paired-SE option, reported beside (the verdict uses the default)
+            paired_es.append(run_rate(pr, y, w, S.reward(task), S.rewriter(task, seed + 7), RateConfig(paired_se=True),
+                                      classifier=S.classifier)["effects"]["rate"]["ATE"])
         naive = [e["naive"]["value"] for e in es]
         s_att = [e["single_rewrite"]["ATT"]["value"] for e in es]
         s_atu = [e["single_rewrite"]["ATU"]["value"] for e in es]
         rate = [e["rate"]["ATE"]["value"] for e in es]
         covered = sum(e["rate"]["ATE"]["ci_low"] <= a <= e["rate"]["ATE"]["ci_high"] for e in es)
         coverages.append(covered / n_seeds)
+        paired_cov.append(sum(e["ci_low"] <= a <= e["ci_high"] for e in paired_es) / n_seeds)
         cover_p.append(float(binomtest(covered, n_seeds, 0.95).pvalue))
         for k, v in zip(curves, (naive, s_att, s_atu, rate), strict=True):
             curves[k].append(statistics.mean(v))
@@ -203,6 +207,8 @@ def run(opts: ReproduceOptions) -> ClaimResult:
             f"({a - c:.1f} / {a + c:.1f})",
         "synthetic: RATE ATE range over the sweep": f"{min(curves['RATE ATE']):.3f} .. {max(curves['RATE ATE']):.3f}",
         "synthetic: RATE 95% CI coverage per point": [f"{100 * x:.0f}%" for x in coverages],
+        "synthetic: the same with the paired-SE option": [f"{100 * x:.0f}%" for x in paired_cov],
+        "synthetic: binomial p of the coverage vs 0.95, smallest": round(min(cover_p), 4),
         "text + logistic-regression RM, ATT: true / single rewrite / RATE": f"{t_true_att} / {t_single_att} / {t_rate_att}",
         "text: RATE 95% CI covers the true ATE": f"{t_cover} of {text_seeds} seeds",
         "text: units with a rewrite that did not flip sentiment": failed,
@@ -224,8 +230,11 @@ def run(opts: ReproduceOptions) -> ClaimResult:
         "'Certainly!'-opened (LLM-written) reviews rate higher. The rewriter swaps sentiment words (lmforge's "
         "built-in rule), opens with 'Certainly!' and half the time inserts a filler word; the true effect is the "
         "reward change from swapping only the sentiment words.",
-        "Standard errors are paired for every rewrite estimate (the official code uses the unpaired formula for "
-        "ATT and ATU, single-rewrite and RATE alike, and the paired one for ATE); the naive SE is Welch's.",
+        "Standard errors as the official code computes them: naive and RATE unpaired (Welch's), single-rewrite "
+        "paired. Both RATE arms hold the same units, so the unpaired intervals are conservative: the coverage test "
+        "reads them against 95% as written before the run, and the paired-SE option's coverage on the same data "
+        "is reported beside it. (Before this change lmforge used paired SEs for every rewrite estimate; the "
+        "verdict condition is unchanged.)",
     ]
     if opts.quick:
         notes.append(f"Quick mode: 3 sweep points, {n_seeds} seeds of {n_units} units, {text_seeds} text seeds.")

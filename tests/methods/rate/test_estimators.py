@@ -31,7 +31,9 @@ def test_naive_is_welch_difference(data):
     assert (est.ci_low, est.ci_high) == pytest.approx((est.value - z * est.se, est.value + z * est.se))
 
 
-def test_single_rewrite_and_rate_by_loops_with_paired_se(data):
+def test_single_rewrite_and_rate_by_loops(data):
+    """Point estimates by brute-force loops; single-rewrite SEs paired and RATE's unpaired by default
+    (the official code), paired with ``paired_se``: each checked against scipy's t statistics."""
     r0, r1, r2, w = data
     att_sr, atu_sr, att, atu, ate_sr, ate = [], [], [], [], [], []
     for i in range(len(w)):
@@ -42,7 +44,7 @@ def test_single_rewrite_and_rate_by_loops_with_paired_se(data):
             atu_sr.append(r1[i] - r0[i]); atu.append(r1[i] - r2[i])  # noqa: E702
             ate_sr.append(r1[i] - r0[i]); ate.append(r1[i] - r2[i])  # noqa: E702
     sr = E.single_rewrite_effects(r0, r1, w)
-    ra = E.rate_effects(r1, r2, w)
+    ra = E.rate_effects(r1, r2, w, paired_se=True)
     for got, diffs in [(sr["ATT"], att_sr), (sr["ATU"], atu_sr), (sr["ATE"], ate_sr), (ra["ATT"], att), (ra["ATU"], atu),
                        (ra["ATE"], ate)]:
         d = np.array(diffs)
@@ -52,9 +54,19 @@ def test_single_rewrite_and_rate_by_loops_with_paired_se(data):
         assert got.value / got.se == pytest.approx(stats.ttest_1samp(d, 0.0).statistic)
     n1, n0 = int(w.sum()), int((1 - w).sum())
     assert ra["ATE"].value == pytest.approx((n1 * ra["ATT"].value + n0 * ra["ATU"].value) / len(w))
-    # RATE's ATT is a paired t-test of R(Re(Re(y,0),1)) against R(Re(y,0)) over w=1
+    # with paired_se, RATE's ATT is a paired t-test of R(Re(Re(y,0),1)) against R(Re(y,0)) over w=1
     m = w == 1
     assert ra["ATT"].value / ra["ATT"].se == pytest.approx(stats.ttest_rel(r2[m], r1[m]).statistic)
+    # default: the official unpaired SE, Welch's statistic of the do(W=1) arm against the do(W=0) arm
+    un = E.rate_effects(r1, r2, w)
+    do1, do0 = np.where(m, r2, r1), np.where(m, r1, r2)
+    for key, sel in (("ATT", m), ("ATU", ~m), ("ATE", np.ones_like(m))):
+        assert un[key].value == pytest.approx(ra[key].value) and un[key].n == int(sel.sum())
+        welch = stats.ttest_ind(do1[sel], do0[sel], equal_var=False).statistic
+        assert un[key].value / un[key].se == pytest.approx(welch)
+        assert un[key].se != pytest.approx(ra[key].se)
+    assert E.all_effects(r0, r1, r2, w)["rate"]["ATE"]["se"] == pytest.approx(un["ATE"].se)
+    assert E.all_effects(r0, r1, r2, w, paired_se=True)["rate"]["ATE"]["se"] == pytest.approx(ra["ATE"].se)
 
 
 def test_input_checks_and_degenerate_sizes():

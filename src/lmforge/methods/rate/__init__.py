@@ -2,7 +2,7 @@
 Causal Explainability of Reward Models with Imperfect Counterfactuals", ICML 2025, arXiv 2410.11348).
 
 ``config.py`` (prompt and settings), ``estimators.py`` (naive, single-rewrite and RATE ATT/ATU/ATE
-with paired SEs: pure numpy), ``rewriters.py`` (programmatic, local HF and OpenAI-compatible
+with the official code's SEs: pure numpy), ``rewriters.py`` (programmatic, local HF and OpenAI-compatible
 rewriters; built-in rule attributes), ``apply.py`` (rewrite twice, score, estimate, count failed
 rewrites), ``synthetic.py`` (a task with known effects).
 """

@@ -135,7 +135,8 @@ def run_rate(
         failures["left_out_of_estimates"] = int((~ok).sum())
         if w_arr[use].sum() < 2 or (1 - w_arr[use]).sum() < 2:
             raise UserError("after leaving out the failed rewrites fewer than two units remain on one side")
-    effects = estimators.all_effects(r0[use], r1[use], r2[use], w_arr[use], cfg.confidence)
+    effects = estimators.all_effects(r0[use], r1[use], r2[use], w_arr[use], cfg.confidence,
+                                     paired_se=cfg.paired_se)
     result: dict[str, Any] = {
         "method": "rate", "attribute": cfg.attribute, "rewriter": getattr(rewriter, "name", type(rewriter).__name__),
         "units": n, "units_used": int(use.sum()), "w1": int(w_arr[use].sum()), "w0": int((1 - w_arr[use]).sum()),

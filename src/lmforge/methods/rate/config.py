@@ -27,6 +27,9 @@ class RateConfig:
             attribute by the classifier. False (the paper's estimator: every unit counts) by default;
             failures are counted and reported either way.
         confidence: the level of the normal confidence intervals.
+        paired_se: give RATE's estimates the paired standard error (sd of the per-unit differences
+            over √n) instead of the official code's unpaired one (conservative: both arms hold the
+            same units).
     """
 
     attribute: str = "attribute"
@@ -37,6 +40,7 @@ class RateConfig:
     max_tokens: int | None = None
     drop_failed: bool = False
     confidence: float = 0.95
+    paired_se: bool = False
 
     def __post_init__(self) -> None:
         for key in ("{original_completion}", "{w_counterfactual_string}"):

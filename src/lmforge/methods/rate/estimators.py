@@ -13,18 +13,19 @@ With W(y) ∈ {0, 1} the attribute, Re(y, w) a rewrite setting it to w and R the
                   ATU = mean_{w=0} R(Re(y,1)) − R(Re(Re(y,1),0)),
                   ATE = (n₁·ATT + n₀·ATU) / n — both sides rewritten, so the artifacts cancel.
 
-Standard errors: the naive estimate compares two independent groups (unpaired SE, as the official
-code). Every rewrite estimate is a mean of per-unit differences, so its SE is the paired one,
-sd(d)/√n. NOTE: the official code uses one function for single-rewrite and RATE estimates alike,
-with the unpaired formula for ATT and ATU and the paired one for ATE; the paired SE is the right one
-for a mean of paired differences (it is what the paper's √n-consistency result is about) and is
-used for all of them here.
+Standard errors, as the official code computes them (``treatment_effects_pipeline`` and
+``_calculate_treatment_effects`` of the current ``treatment_effects.py``): the naive estimate and the
+RATE ATT, ATU and ATE use the unpaired formula sqrt(var(treated)/n₁ + var(untreated)/n₀), the
+single-rewrite ones the paired sd(d)/√n. (An earlier version of that file used the paired SE for the
+RATE ATE and the unpaired one for ATT and ATU.) Both RATE arms hold the same units, so the unpaired SE
+ignores their correlation and is conservative; ``paired_se=True`` gives the paired SE of the same
+point estimates, which is what the paper's √n-consistency result is about.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -97,20 +98,30 @@ def single_rewrite_effects(r_original: np.ndarray, r_rewrite: np.ndarray, w: np.
 
 
 def rate_effects(r_rewrite: np.ndarray, r_rewrite_rewrite: np.ndarray, w: np.ndarray,
-                 confidence: float = 0.95) -> dict[str, Estimate]:
-    """RATE's ATT, ATU and ATE (paired SEs). ``r_rewrite[i]`` = R(Re(y_i, 1 − w_i)) and
-    ``r_rewrite_rewrite[i]`` = R(Re(Re(y_i, 1 − w_i), w_i))."""
+                 confidence: float = 0.95, *, paired_se: bool = False) -> dict[str, Estimate]:
+    """RATE's ATT, ATU and ATE. ``r_rewrite[i]`` = R(Re(y_i, 1 − w_i)) and ``r_rewrite_rewrite[i]`` =
+    R(Re(Re(y_i, 1 − w_i), w_i)). Unpaired SEs as the official code (``n`` counts units, once);
+    ``paired_se``: the paired SEs of the same estimates."""
     r1, r2 = np.asarray(r_rewrite, np.float64), np.asarray(r_rewrite_rewrite, np.float64)
     m = _check(w, r1, r2)
     # w=1: Re(Re(y,0),1) has W=1, Re(y,0) has W=0; w=0: Re(y,1) has W=1, Re(Re(y,1),0) has W=0.
-    d = np.where(m, r2 - r1, r1 - r2)
-    return {"ATT": paired(d[m], confidence), "ATU": paired(d[~m], confidence), "ATE": paired(d, confidence)}
+    do1, do0 = np.where(m, r2, r1), np.where(m, r1, r2)
+    if paired_se:
+        d = do1 - do0
+        return {"ATT": paired(d[m], confidence), "ATU": paired(d[~m], confidence), "ATE": paired(d, confidence)}
+
+    def unp(t: np.ndarray, c: np.ndarray) -> Estimate:
+        return replace(unpaired(t, c, confidence), n=len(t))
+
+    return {"ATT": unp(do1[m], do0[m]), "ATU": unp(do1[~m], do0[~m]), "ATE": unp(do1, do0)}
 
 
 def all_effects(r_original: np.ndarray, r_rewrite: np.ndarray, r_rewrite_rewrite: np.ndarray, w: np.ndarray,
-                confidence: float = 0.95) -> dict[str, Any]:
-    """Naive, single-rewrite and RATE estimates together, as JSON-able dicts."""
+                confidence: float = 0.95, *, paired_se: bool = False) -> dict[str, Any]:
+    """Naive, single-rewrite and RATE estimates together, as JSON-able dicts (``paired_se``: RATE's
+    paired SEs instead of the official unpaired ones)."""
     out: dict[str, Any] = {"naive": naive_effect(r_original, w, confidence).to_json()}
     out["single_rewrite"] = {k: v.to_json() for k, v in single_rewrite_effects(r_original, r_rewrite, w, confidence).items()}
-    out["rate"] = {k: v.to_json() for k, v in rate_effects(r_rewrite, r_rewrite_rewrite, w, confidence).items()}
+    out["rate"] = {k: v.to_json() for k, v in rate_effects(r_rewrite, r_rewrite_rewrite, w, confidence,
+                                                           paired_se=paired_se).items()}
     return out
