@@ -93,6 +93,7 @@ def run(opts: ReproduceOptions) -> ClaimResult:
     import torch
 
     from lmforge.methods.diverging_prefs.config import DivergingPrefsConfig
+    from lmforge.methods.diverging_prefs.core import DIVERGING, pair_kind
     from lmforge.methods.diverging_prefs.data import simulate_pairs
     from lmforge.methods.diverging_prefs.heads import make_model
     from lmforge.methods.diverging_prefs.judge import filter_diverging, judge_pairs, judge_report
@@ -106,6 +107,7 @@ def run(opts: ReproduceOptions) -> ClaimResult:
     epochs = 15 if opts.quick else 30
     rows: dict[str, dict[str, list[float]]] = {n: {"acc": [], "auroc": [], "sub": []} for n in MODELS}
     judge_stats: dict[str, Any] = {}
+    bt_tuned: dict[str, list[Any]] = {"auroc": [], "tau": []}
     data_stats: dict[str, Any] = {}
     for si, seed in enumerate(seeds):
         train = simulate_pairs(n_train, seed=1000 * seed + 1)
@@ -119,6 +121,11 @@ def run(opts: ReproduceOptions) -> ClaimResult:
             res = evaluate(model, test, cfg, dev_pairs=dev)
             rows[name]["acc"].append(res["preference_accuracy"])
             rows[name]["auroc"].append(res["diverging_id_auroc"])
+            if name == "BT (agg)":
+                # the same model with its score tuned on the dev pairs, as λ is for mean-variance
+                tuned = evaluate(model, test, cfg, dev_pairs=dev, tune_bt=True)
+                bt_tuned["auroc"].append(tuned["diverging_id_auroc"])
+                bt_tuned["tau"].append(tuned["bt_tau"])
             if "substantial_diverging_id_auroc" in res:  # absent: no substantially diverging test pair
                 rows[name]["sub"].append(res["substantial_diverging_id_auroc"])
             if name == "Mean-Var (KL)":
@@ -131,7 +138,8 @@ def run(opts: ReproduceOptions) -> ClaimResult:
             verdicts = judge_pairs(ScriptedClient(_judge_responder(by_prompt)), test)
             oa, ob = predict(mv_model, test, mv_cfg)
             div = divergence_scores(oa, ob, mv_cfg, mv_lambda)
-            frac_div = data_stats["diverging"] / data_stats["pairs"]
+            # the share of diverging pairs to drop, from the dev split (the test labels stay unseen)
+            frac_div = sum(pair_kind(p.labels) == DIVERGING for p in dev) / len(dev)
             kept, _ = filter_diverging(test, div, drop_fraction=round(frac_div, 2))
             judge_stats = judge_report(verdicts, test, kept)
 
@@ -141,6 +149,9 @@ def run(opts: ReproduceOptions) -> ClaimResult:
     gain = m("Mean-Var (KL)", "auroc") - m("BT (agg)", "auroc")
     acc_gap = m("Mean-Var (KL)", "acc") - m("BT (agg)", "acc")
     held = bool(gain >= GAIN and abs(acc_gap) <= ACC_TOL)
+    # Reported beside the verdict, not part of it (the condition was fixed against the paper's BT score):
+    # the gain over BT whose divergence score is tuned on the dev pairs like the mean-variance λ.
+    gain_tuned = m("Mean-Var (KL)", "auroc") - statistics.mean(bt_tuned["auroc"])
 
     def sub(name: str) -> float | str:
         # An AUROC needs both classes: a test split without a substantially diverging pair has none
@@ -150,6 +161,9 @@ def run(opts: ReproduceOptions) -> ClaimResult:
 
     table_rows = [[n, round(m(n, "acc"), 3), round(m(n, "auroc"), 3), sub(n),
                    ", ".join(f"{v:.3f}" for v in rows[n]["auroc"])] for n in MODELS]
+    table_rows.insert(1, ["BT (agg), score tuned on dev (-| |Δr| - τ |)", round(m("BT (agg)", "acc"), 3),
+                          round(statistics.mean(bt_tuned["auroc"]), 3), "",
+                          ", ".join(f"{v:.3f}" for v in bt_tuned["auroc"])])
     a, f, d = judge_stats["all"], judge_stats["filtered"], judge_stats["dropped"]
     judge_rows = [
         ["all test pairs", a["pairs"], _pct(a["picks_winner_on_high_agreement"]), _pct(a["picks_winner_on_diverging"]),
@@ -161,6 +175,9 @@ def run(opts: ReproduceOptions) -> ClaimResult:
     measured: dict[str, Any] = {
         "Diverging-ID AUROC: BT (agg) / Mean-Var (KL)": f"{m('BT (agg)', 'auroc'):.3f} / {m('Mean-Var (KL)', 'auroc'):.3f}",
         "Diverging-ID AUROC gain of Mean-Var (KL) over BT (agg)": round(gain, 3),
+        "Diverging-ID AUROC gain over BT (agg) with its score tuned on dev (not the verdict)": round(gain_tuned, 3),
+        "BT score's tuned tau per seed (0 = the paper's -|Δr|)": [
+            t if isinstance(t, str) else round(t, 3) for t in bt_tuned["tau"]],
         "preference accuracy: BT (agg) / Mean-Var (KL)": f"{m('BT (agg)', 'acc'):.3f} / {m('Mean-Var (KL)', 'acc'):.3f}",
         "preference accuracy gap (Mean-Var KL - BT agg)": round(acc_gap, 4),
         "judge picks a winner: high-agreement / diverging": f"{_pct(a['picks_winner_on_high_agreement'])} / "
@@ -187,6 +204,12 @@ def run(opts: ReproduceOptions) -> ClaimResult:
         f"{m('Mean-Var (NLL)', 'auroc'):.3f} here against {m('Mean-Var (KL)', 'auroc'):.3f} for the KL model: with one "
         "annotator per group on every pair, the soft binary target already carries the split; the paper's gap "
         "between the two does not show in this simulation.",
+        "BT tuned: the paper scores BT models with -|Δr| and tunes nothing for them, while the mean-variance "
+        "score's λ is fitted on dev pairs. For a like-for-like comparison the BT (agg) model is also scored with "
+        "-| |Δr| - τ |, τ fitted on the same dev pairs from 0 (the paper's score), the dev gaps' quantiles and ∞ "
+        "(+|Δr|); its AUROC is reported beside the verdict, which stays the one fixed before the run.",
+        "The judge filter drops the share of pairs that are diverging in the dev split (it used the test "
+        "split's share before, a peek at the test labels).",
         "The judge is scripted (it has one annotator group's taste) — a stand-in for GPT-4-class judges; the "
         "paper's point that judges pick winners on diverging pairs is built into it, and the table shows what the "
         "filter removes.",

@@ -216,3 +216,25 @@ def test_kl_loss_pulls_a_confidently_wrong_pair_back():
         meanvar_kl_loss(dm, sd, torch.zeros(1), sd, hist).backward()
         opt.step()
     assert log_s.exp().item() > 1.5  # the disagreement is learnt as spread, not as certainty
+
+
+def test_tuned_bt_score_and_fit_bt_tau_is_the_grid_argmax():
+    """τ = 0 is the paper's −|Δr|, τ = ∞ is +|Δr|; fit_bt_tau returns the grid point (0, dev-gap
+    quantiles, ∞) whose score has the best dev AUROC, recomputed here by a loop over the grid."""
+    rng = np.random.default_rng(3)
+    n = 200
+    ra, rb = rng.normal(size=n), rng.normal(size=n)
+    gap = np.abs(ra - rb)
+    np.testing.assert_array_equal(core.bt_divergence_tuned(ra, rb, 0.0), core.bt_divergence(ra, rb))
+    np.testing.assert_array_equal(core.bt_divergence_tuned(ra, rb, math.inf), gap)
+    np.testing.assert_allclose(core.bt_divergence_tuned(ra, rb, 0.7), -np.abs(gap - 0.7))
+    # diverging pairs: those whose gap sits near the median (neither tiny nor large)
+    med = np.median(gap)
+    labels = [[2, -2] if abs(g - med) < 0.25 * med else [2, 2] for g in gap]
+    grid = [0.0, *[float(np.quantile(gap, q)) for q in core.BT_TAU_QUANTILES], math.inf]
+    aucs = [core.diverging_id_auroc(core.bt_divergence_tuned(ra, rb, t), labels) for t in grid]
+    tau = core.fit_bt_tau(ra, rb, labels)
+    assert tau == grid[int(np.argmax(aucs))] and tau == pytest.approx(med)
+    assert max(aucs) > aucs[0] + 0.3  # the paper's score misses a middle band, the tuned one finds it
+    # when small gaps diverge, the paper's score is the first best
+    assert core.fit_bt_tau(ra, rb, [[2, -2] if g < med else [2, 2] for g in gap]) == 0.0

@@ -145,34 +145,44 @@ def predict(model: nn.Module, pairs: Sequence[PreferencePair], cfg: DivergingPre
 
 
 def divergence_scores(out_a: RewardOutputs, out_b: RewardOutputs, cfg: DivergingPrefsConfig,
-                      lam: float | None = None) -> np.ndarray:
-    """The head's divergence score per pair (higher = more likely diverging): −|Δr| for BT,
-    λ(σ_A + σ_B) − |Δμ| for mean-variance, extreme-rating mass for classification."""
+                      lam: float | None = None, bt_tau: float | None = None) -> np.ndarray:
+    """The head's divergence score per pair (higher = more likely diverging): −|Δr| for BT (with
+    ``bt_tau``: the tuned −| |Δr| − τ |), λ(σ_A + σ_B) − |Δμ| for mean-variance, extreme-rating mass
+    for classification."""
     if cfg.head == "meanvar":
         if lam is None:
             raise ValueError("a mean-variance divergence score needs lambda")
         return core.meanvar_divergence(out_a.reward, out_b.reward, out_a.sigma, out_b.sigma, lam)
     if cfg.head == "class":
         return core.class_divergence(out_a.probs, out_b.probs)
+    if bt_tau is not None:
+        return core.bt_divergence_tuned(out_a.reward, out_b.reward, bt_tau)
     return core.bt_divergence(out_a.reward, out_b.reward)
 
 
 def evaluate(model: nn.Module, pairs: Sequence[PreferencePair], cfg: DivergingPrefsConfig,
-             dev_pairs: Sequence[PreferencePair] | None = None, lam: float | None = None) -> dict[str, Any]:
+             dev_pairs: Sequence[PreferencePair] | None = None, lam: float | None = None,
+             tune_bt: bool = False) -> dict[str, Any]:
     """Preference accuracy (high-agreement pairs) and Diverging-ID AUROC (all and substantial).
 
     For mean-variance heads λ is ``lam`` if given, else fitted on ``dev_pairs`` (:func:`core.fit_lambda`),
-    else σ alone (λ = ∞) is used; the fitted value is reported.
+    else σ alone (λ = ∞) is used; the fitted value is reported. For BT heads the score is the paper's
+    −|Δr|; with ``tune_bt`` and ``dev_pairs`` it is the tuned −| |Δr| − τ | with τ fitted on them
+    (:func:`core.fit_bt_tau`), reported as ``bt_tau``.
     """
     out_a, out_b = predict(model, pairs, cfg)
     labels = [p.labels for p in pairs]
+    bt_tau = None
+    if cfg.head in ("meanvar", "bt") and dev_pairs and (lam is None or cfg.head == "bt"):
+        da, db = predict(model, dev_pairs, cfg)
+        dev_labels = [p.labels for p in dev_pairs]
+        if cfg.head == "meanvar":
+            lam = core.fit_lambda(da.reward, db.reward, da.sigma, db.sigma, dev_labels)
+        elif tune_bt:
+            bt_tau = core.fit_bt_tau(da.reward, db.reward, dev_labels)
     if cfg.head == "meanvar" and lam is None:
-        if dev_pairs:
-            da, db = predict(model, dev_pairs, cfg)
-            lam = core.fit_lambda(da.reward, db.reward, da.sigma, db.sigma, [p.labels for p in dev_pairs])
-        else:
-            lam = math.inf
-    div = divergence_scores(out_a, out_b, cfg, lam)
+        lam = math.inf
+    div = divergence_scores(out_a, out_b, cfg, lam, bt_tau)
     kinds = [core.pair_kind(ls) for ls in labels]
     result: dict[str, Any] = {
         "head": cfg.head,
@@ -189,4 +199,6 @@ def evaluate(model: nn.Module, pairs: Sequence[PreferencePair], cfg: DivergingPr
         # JSON has no infinity: lambda = inf (sigma alone) is written as the string "inf", which
         # `--lambda inf` and float() read back.
         result["lambda"] = "inf" if lam is not None and math.isinf(lam) else lam
+    if bt_tau is not None:
+        result["bt_tau"] = "inf" if math.isinf(bt_tau) else bt_tau
     return result
