@@ -171,6 +171,34 @@ def test_save_load_round_trip(tmp_path):
         load_mus(tmp_path / "missing")
 
 
+def test_sp_baseline_differs_from_mus_only_in_the_parametrization():
+    """The SP model has µS's modules and parameter shapes (same attention, GELU MLP, LayerNorms, head),
+    Pre-LN placement (x + f(LN(x)), checked by hand on one block), N(0, 0.02²) weights and every
+    multiplier 1; its FP8 casts are the µS ones."""
+    from lmforge.methods.unit_scaling.model import SPForCausalLM, simulate_fp8_casts
+
+    torch.manual_seed(0)
+    d = 128
+    mus, sp = build_mus_model(_cfg(d), MuSConfig()), build_sp(_cfg(d), seed=0)
+    assert isinstance(sp, SPForCausalLM)
+    assert {k: v.shape for k, v in mus.state_dict().items()} == {k: v.shape for k, v in sp.state_dict().items()}
+    assert [type(m).__name__ for m in mus.layers[0].modules()][1:] == [type(m).__name__ for m in sp.layers[0].modules()][1:]
+    for lin in sp.hidden_linears().values():
+        assert lin.alpha == 1.0 and abs(float(lin.weight.std()) - 0.02) < 0.002
+    assert sp.head_alpha == 1.0 and abs(float(sp.lm_head.std()) - 0.02) < 0.002
+    blk = sp.layers[0]
+    x = torch.randn(2, 8, d)
+    cos, sin = sp.rotary_emb(x, torch.arange(8)[None].expand(2, 8))
+    with torch.no_grad():
+        h = x + blk.self_attn(blk.attn_norm(x), cos, sin, None)
+        want = h + blk.mlp(blk.mlp_norm(h))
+        assert torch.allclose(blk(x, cos, sin, None), want, atol=1e-6)
+    counters = simulate_fp8_casts(sp)
+    assert all(lin.fp8 and lin.counters is counters for lin in sp.hidden_linears().values())
+    with pytest.raises(UserError):
+        simulate_fp8_casts(mus)
+
+
 def test_enable_fp8_on_sp_model_is_a_one_line_user_error():
     sp = build_sp(_cfg(64), seed=0)
     assert not is_mus(sp)

@@ -31,7 +31,8 @@ def test_mus_fp8_trains_like_fp32(corpus):
     """
     lr, steps = 2.0 ** -5, 150
     f32 = train_run("mus", 64, corpus, lr, steps, seed=0)
-    f8 = train_run("mus", 64, corpus, lr, steps, fp8=True, count=True, seed=0)
+    # with the static gradient scale (the option): the default casts gradients directly, see below
+    f8 = train_run("mus", 64, corpus, lr, steps, fp8=True, count=True, seed=0, grad_scale=True)
     # Both learned something (a uniform guess over the characters is log(vocab) ~ 3.9 nats).
     assert _tail(f32.losses) < 0.6 * f32.losses[0]
     assert _tail(f8.losses) < 0.6 * f8.losses[0]
@@ -50,3 +51,15 @@ def test_sp_underflows_more_than_mus_under_the_same_casts(corpus):
     assert sp.counters["weight"]["underflow"] >= 10 * mus.counters["weight"]["underflow"]
     mean = lambda c: sum(v["underflow"] for v in c.values()) / 3  # noqa: E731
     assert mean(sp.counters) > mean(mus.counters)
+
+
+def test_default_fp8_casts_gradients_directly_and_the_scale_option_rescues_them(corpus):
+    """By default (the paper: no scale factors) each hidden linear's incoming gradient is cast to E5M2
+    as it is. With a mean-reduced loss those gradients are O(1/(n_tokens·d)), so most of them flush to
+    zero at width 64; the static scale option (n_tokens·d) brings them back. The two runs see the same
+    activations and weights at the first step, so only the gradient rates differ that much."""
+    steps = 20
+    plain = train_run("mus", 64, corpus, 2.0 ** -5, steps, fp8=True, count=True, seed=0)
+    scaled = train_run("mus", 64, corpus, 2.0 ** -5, steps, fp8=True, count=True, seed=0, grad_scale=True)
+    assert plain.counters["gradient"]["underflow"] > 0.3
+    assert scaled.counters["gradient"]["underflow"] < 0.1 * plain.counters["gradient"]["underflow"]

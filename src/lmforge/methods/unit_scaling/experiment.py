@@ -82,16 +82,18 @@ def heldout_loss(model: nn.Module, eval_batches: list[torch.Tensor]) -> float:
 
 def train_run(kind: str, width: int, corpus: CharCorpus, lr: float, steps: int, *, fp8: bool = False,
               tau: float = 0.4, weight_decay: float = 0.0, batch: int = 8, seq: int = 64, seed: int = 0,
-              count: bool = False, eval_batches: int = 8, d_base: int = 64) -> RunResult:
+              count: bool = False, eval_batches: int = 8, d_base: int = 64, grad_scale: bool = False) -> RunResult:
     """Train a 4-layer ``kind`` ("mus" or "sp") model with Lion + cosine-to-10% and return its losses.
 
     For ``"mus"``, ``lr`` is η (hidden layers get η·sqrt(d_base/d)); for ``"sp"`` it is the single LR
-    of every parameter (SP has no width rule). ``fp8`` runs the hidden linears through the static
-    casts; ``count`` records their underflow/overflow rates (slower).
+    of every parameter (SP has no width rule). The SP model is µS's in every part but the
+    parametrization (:class:`~lmforge.methods.unit_scaling.model.SPForCausalLM`). ``fp8`` runs the
+    hidden linears through the static casts (``grad_scale``: with the static gradient scale,
+    ``MuSConfig.fp8_grad_scale``); ``count`` records their underflow/overflow rates (slower).
     """
     cfg = llama_config(width, corpus.vocab_size, seq=seq)
     if kind == "mus":
-        mus = MuSConfig(tau=tau, d_base=d_base, lr=lr, weight_decay=weight_decay)
+        mus = MuSConfig(tau=tau, d_base=d_base, lr=lr, weight_decay=weight_decay, fp8_grad_scale=grad_scale)
         model: nn.Module = build_mus(cfg, mus, seed=seed)
         counters = None
         if fp8:
@@ -102,7 +104,7 @@ def train_run(kind: str, width: int, corpus: CharCorpus, lr: float, steps: int, 
         opt = Lion(mus_param_groups(model, mus, lr, weight_decay), lr=lr, betas=mus.betas,
                    weight_decay=weight_decay)
     elif kind == "sp":
-        model = build_sp(cfg, seed=seed)
+        model = build_sp(cfg, seed=seed, mus=MuSConfig(fp8_grad_scale=grad_scale))
         counters = simulate_fp8_casts(model, FP8Counters(enabled=count)) if fp8 else None
         opt = Lion(model.parameters(), lr=lr, weight_decay=weight_decay)
     else:

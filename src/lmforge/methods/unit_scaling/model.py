@@ -1,5 +1,8 @@
 """A µnit Scaling (µS) Llama-style causal LM, its standard-parametrization (SP) counterpart, save/load.
 
+The SP baseline (:class:`SPForCausalLM`) is the same model but for the parametrization (placement of
+the norms, init, multipliers), as the paper's comparison is.
+
 Narayan et al., "µnit Scaling: Simple and Scalable FP8 LLM Training" (ICML 2025). The µS model:
 
 * Res-Post-LayerNorm around both sublayers, ``x <- sqrt(1-tau) x + sqrt(tau) LN(f(x))``, fixed τ;
@@ -18,7 +21,6 @@ with :func:`save_mus` and loads with :func:`load_mus`, without remote code.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 from pathlib import Path
@@ -27,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
@@ -170,13 +172,13 @@ class MuSForCausalLM(nn.Module):
                 labels: torch.Tensor | None = None, **_: Any) -> CausalLMOutputWithPast:
         """HF-style forward: ``labels`` are the inputs themselves (shifted inside), -100 ignored."""
         b, t = input_ids.shape
-        # NOTE (deviation): the paper states gradients are unit-scaled and cast to E5M2 directly. Our
-        # loss is a *mean* over the batch's tokens and the head's forward multiplier 1/fan_in is also
-        # its backward multiplier, so raw activation gradients are O(1/(n_tokens*d)) (measured: ~78%
-        # E5M2 underflow at d=64). The casts therefore use the static constant n_tokens*d (from the
-        # batch shape: a fixed loss scale, no amax, nothing data-dependent), which brings gradients at
-        # every hidden linear to O(1) at every width; with Lion the update is invariant to it anyway.
-        scale = float(b * max(t - 1, 1)) / self.head_alpha
+        # The paper casts gradients to E5M2 directly (the default). NOTE: our loss is a *mean* over the
+        # batch's tokens and the head's forward multiplier 1/fan_in is also its backward multiplier, so
+        # raw activation gradients are O(1/(n_tokens*d)) (measured: ~78% E5M2 underflow at d=64). The
+        # option `fp8_grad_scale` casts them times the static constant n_tokens / head multiplier (from
+        # the batch shape: a fixed loss scale, no amax, nothing data-dependent), which brings them to
+        # O(1) at every width; with Lion the update is invariant to it otherwise.
+        scale = float(b * max(t - 1, 1)) / self.head_alpha if self.mus_config.fp8_grad_scale else 1.0
         for lin in self.hidden_linears().values():
             lin.grad_scale = scale
         x = self.embed_tokens(input_ids)
@@ -211,59 +213,81 @@ def build_mus(config: LlamaConfig, mus: MuSConfig, seed: int | None = None) -> M
 # Standard parametrization (SP): the comparison baseline.
 
 
-class _SPCastLinear(nn.Linear):
-    """``nn.Linear`` whose GEMM goes through the same static FP8 casts (measurement only)."""
+class SPDecoderLayer(nn.Module):
+    """The same attention and MLP as :class:`MuSDecoderLayer`, in the paper's SP placement:
+    Pre-LayerNorm, ``x <- x + f(LN(x))``."""
 
-    counters: FP8Counters | None
-    cast_name: str
-    grad_scale: float
+    def __init__(self, cfg: LlamaConfig, mus: MuSConfig, idx: int) -> None:
+        super().__init__()
+        prefix = f"layers.{idx}"
+        self.self_attn = MuSAttention(cfg, mus, f"{prefix}.self_attn")
+        self.mlp = MuSMLP(cfg, mus, f"{prefix}.mlp")
+        self.attn_norm = nn.LayerNorm(cfg.hidden_size, bias=False)
+        self.mlp_norm = nn.LayerNorm(cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = fp8_linear(x, self.weight, 1.0, self.counters, self.cast_name, self.grad_scale)
-        return y if self.bias is None else y + self.bias
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        x = x + self.self_attn(self.attn_norm(x), cos, sin, mask)
+        return x + self.mlp(self.mlp_norm(x))
 
 
-def build_sp(config: LlamaConfig, seed: int | None = None) -> LlamaForCausalLM:
-    """A plain transformers ``LlamaForCausalLM`` with its default init (N(0, initializer_range²))."""
+class SPForCausalLM(MuSForCausalLM):
+    """The SP baseline: µS's model in every part but the parametrization.
+
+    The same attention (RoPE, softmax scale), MLP (``mus.activation``, gated or not), LayerNorm
+    without bias, final norm and untied head as the µS model, so that only what the paper's
+    comparison varies differs: Pre-LN placement instead of Res-Post-LN with a fixed τ, every weight
+    N(0, ``config.initializer_range``²), and every multiplier 1 (hidden linears and head). FP8, where
+    switched on (:func:`simulate_fp8_casts`), runs the same static casts as µS.
+    """
+
+    is_mus = False
+
+    def __init__(self, config: LlamaConfig, mus: MuSConfig) -> None:
+        super().__init__(config, mus)
+        self.layers = nn.ModuleList(SPDecoderLayer(config, mus, i) for i in range(config.num_hidden_layers))
+        std = float(config.initializer_range)
+        for lin in self.hidden_linears().values():
+            nn.init.normal_(lin.weight, 0.0, std)
+            lin.alpha = 1.0
+        nn.init.normal_(self.embed_tokens.weight, 0.0, std)
+        nn.init.normal_(self.lm_head, 0.0, std)
+        self.head_alpha = 1.0
+
+
+def build_sp(config: LlamaConfig, seed: int | None = None, mus: MuSConfig | None = None) -> SPForCausalLM:
+    """A freshly initialised SP baseline (:class:`SPForCausalLM`) with ``mus``'s block settings
+    (activation, gated MLP, softmax scale; default :class:`MuSConfig`'s, the µS model's)."""
+    if config.hidden_size % config.num_attention_heads:
+        raise UserError(f"hidden_size {config.hidden_size} is not divisible by num_attention_heads "
+                        f"{config.num_attention_heads}")
     if seed is not None:
         torch.manual_seed(seed)
-    config = copy.deepcopy(config)  # do not touch the caller's config
-    config._attn_implementation = "sdpa"
-    return LlamaForCausalLM(config)
+    return SPForCausalLM(config, mus if mus is not None else MuSConfig())
 
 
-def simulate_fp8_casts(model: nn.Module, counters: FP8Counters | None = None) -> FP8Counters:
-    """Route an SP Llama's hidden linears through the µS FP8 casts, to count what SP would lose.
+def simulate_fp8_casts(model: SPForCausalLM, counters: FP8Counters | None = None) -> FP8Counters:
+    """Run an SP baseline's hidden linears through the µS FP8 casts, to count what SP would lose.
 
     This is *not* a way to train SP in FP8 (static casts without scale factors are unsafe there,
-    see ``apply.enable_fp8``); it exists for the paper's comparison that SP underflows far more.
+    see ``apply.enable_fp8``); it exists for the paper's comparison that SP underflows far more. The
+    gradient rule is the µS model's (``mus_config.fp8_grad_scale``: n_tokens / head multiplier, which
+    is 1 under SP).
 
     Args:
-        model: a ``LlamaForCausalLM`` (or anything with ``nn.Linear`` modules named as in Llama).
+        model: a :class:`SPForCausalLM`.
         counters: counters to record into; a new one when None.
 
     Returns:
         The counters the casts record into.
     """
+    if not isinstance(model, SPForCausalLM):
+        raise UserError("simulate_fp8_casts takes the SP baseline built by build_sp")
     counters = counters if counters is not None else FP8Counters()
-    casts: list[_SPCastLinear] = []
-    for name, mod in model.named_modules():
-        if type(mod) is nn.Linear and name.rsplit(".", 1)[-1] in HIDDEN_LINEARS:
-            mod.__class__ = _SPCastLinear
-            mod.counters = counters
-            mod.cast_name = name.removeprefix("model.")
-            mod.grad_scale = 1.0
-            casts.append(mod)
-
-    def set_scale(_mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        # The same static rule as µS: n_tokens / head multiplier, and SP's head multiplier is 1.
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is not None:
-            s = float(ids.shape[0] * max(ids.shape[1] - 1, 1))
-            for m in casts:
-                m.grad_scale = s
-
-    model.register_forward_pre_hook(set_scale, with_kwargs=True)
+    for lin in model.hidden_linears().values():
+        lin.fp8 = True
+        lin.counters = counters
+    model.fp8_counters = counters
     return counters
 
 
