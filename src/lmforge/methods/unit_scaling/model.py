@@ -213,17 +213,9 @@ def build_mus(config: LlamaConfig, mus: MuSConfig, seed: int | None = None) -> M
 # Standard parametrization (SP): the comparison baseline.
 
 
-class SPDecoderLayer(nn.Module):
-    """The same attention and MLP as :class:`MuSDecoderLayer`, in the paper's SP placement:
-    Pre-LayerNorm, ``x <- x + f(LN(x))``."""
-
-    def __init__(self, cfg: LlamaConfig, mus: MuSConfig, idx: int) -> None:
-        super().__init__()
-        prefix = f"layers.{idx}"
-        self.self_attn = MuSAttention(cfg, mus, f"{prefix}.self_attn")
-        self.mlp = MuSMLP(cfg, mus, f"{prefix}.mlp")
-        self.attn_norm = nn.LayerNorm(cfg.hidden_size, bias=False)
-        self.mlp_norm = nn.LayerNorm(cfg.hidden_size, bias=False)
+class SPDecoderLayer(MuSDecoderLayer):
+    """The same attention, MLP and norms as :class:`MuSDecoderLayer`, in the paper's SP placement:
+    Pre-LayerNorm, ``x <- x + f(LN(x))`` (τ is unused)."""
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:
