@@ -46,6 +46,9 @@ import numpy as np
 from llama_cpp import Llama
 path, threads, new = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=512, n_batch=512, verbose=False)
+n_vocab = llm.n_vocab()
+def last_logits():  # the last evaluated token's logits (llm.scores is filled only with logits_all)
+    return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     ids = json.loads(line)
@@ -55,7 +58,7 @@ for line in sys.stdin:
     t1 = time.perf_counter()
     toks = []
     for _ in range(new):
-        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        nxt = int(np.argmax(last_logits()))
         toks.append(nxt)
         llm.eval([nxt])
     t2 = time.perf_counter()
