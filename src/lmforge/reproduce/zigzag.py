@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import random
-import re
 import statistics
 import time
 from pathlib import Path
@@ -265,32 +264,10 @@ REAL_PAPER = {
 
 
 def _real_prompts(tok: Any, n: int, seed: int) -> list[str]:
-    """``n`` passages of the essays' calibration split: consecutive sentences up to about
-    :data:`PROMPT_CHARS` characters (at most :data:`PROMPT_TOKENS` tokens), drawn without replacement
-    in a seeded order, stripped."""
+    """``n`` passages of the essays' calibration split (:func:`lmforge.data.essays.passages`)."""
     from lmforge.data import essays
 
-    passages: list[str] = []
-    for text in essays.split("calibration"):
-        sentences = [x.strip() for x in re.split(r"(?<=[.!?])\s+", " ".join(text.split())) if x.strip()]
-        cur = ""
-        for sent in sentences:
-            cur = f"{cur} {sent}".strip()
-            if len(cur) >= PROMPT_CHARS:
-                passages.append(cur)
-                cur = ""
-    random.Random(seed).shuffle(passages)
-    out = []
-    for text in passages:
-        ids = tok(text, add_special_tokens=False)["input_ids"]
-        if len(ids) > PROMPT_TOKENS:
-            text = tok.decode(ids[:PROMPT_TOKENS]).strip()
-        out.append(text)
-        if len(out) == n:
-            break
-    if len(out) < n:
-        raise RuntimeError(f"the essays' calibration split gives {len(out)} passages, fewer than {n}")
-    return out
+    return essays.passages(tok, n, seed, chars=PROMPT_CHARS, max_tokens=PROMPT_TOKENS)
 
 
 def _jaccard(a: list[int], b: list[int]) -> float:

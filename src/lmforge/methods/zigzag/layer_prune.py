@@ -891,10 +891,13 @@ def prune_layers(
         threshold: remove every block with ``score >= threshold · max score`` (the zigzag paper's rule).
         out: the output model folder (``None``: score and measure only, save nothing).
         overwrite: replace an existing ``out``.
-        texts / calib_file: calibration prompts (at most one); default: ``n_texts`` documents of lmforge's
-            built-in mixture (seed ``seed``). The first ``n_texts`` are used.
-        eval_texts / eval_file: held-out text for the perplexity before/after (sliding window); default:
-            the held-out answer-token perplexity of the zoo mixture (as ``lmforge compress``).
+        texts / calib_file: calibration prompts (at most one); default: ``n_texts`` passages of the Paul
+            Graham essays' calibration split (:func:`lmforge.data.essays.passages`, seed ``seed``), or
+            for a zoo model (or without the essays) documents of lmforge's built-in mixture. The first
+            ``n_texts`` are used.
+        eval_texts / eval_file: held-out text for the perplexity before/after (disjoint windows);
+            default: the essays' evaluation split with the essays' calibration default, else the
+            held-out answer-token perplexity of the zoo mixture (as ``lmforge compress``).
         measure_ppl: measure the perplexity before and after.
         k, p, alpha: zigzag's kNN size, homology dimension and weight exponent.
         zigzag_cloud: which cloud scores a block: ``"output"``, ``"input"`` or ``"mid"`` (the official
@@ -927,23 +930,32 @@ def prune_layers(
         raise UserError("pass calibration texts or a calibration file, not both")
     if eval_texts is not None and eval_file is not None:
         raise UserError("pass evaluation texts or an evaluation file, not both")
+    from lmforge.data import essays
+
+    # A model other than a zoo one, without texts of its own: real text, the essays (as `compress`),
+    # its passages drawn once the tokenizer is loaded.
+    essay_default = texts is None and calib_file is None and not str(model_spec).startswith("zoo:") and essays.available()
     if calib_file is not None:
         calib, source = read_texts(calib_file), str(calib_file)
     elif texts is not None:
         calib, source = [str(t) for t in texts], "given texts"
+    elif essay_default:
+        calib, source = [], "Paul Graham essays, calibration split: passages (lmforge.data.essays.passages)"
     else:
         calib, source = builtin_texts(seed, n_texts), "lmforge built-in zoo mixture"
     calib = calib[:n_texts]
-    if not calib:
+    if not calib and not essay_default:
         raise UserError("no calibration texts")
     if crit == "zigzag":
-        _check_k(k, len(calib))
+        _check_k(k, n_texts if essay_default else len(calib))
         if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 0:
             raise UserError(f"the homology dimension p must be a non-negative integer, got {p!r}")
         if zigzag_cloud not in ZIGZAG_CLOUDS:
             raise UserError(f"unknown zigzag cloud {zigzag_cloud!r}; use one of {', '.join(ZIGZAG_CLOUDS)}")
         _zigzag_functions()  # unavailable: fail before loading the model
     held_out = read_texts(eval_file) if eval_file is not None else (list(eval_texts) if eval_texts is not None else None)
+    if held_out is None and essay_default:
+        held_out = essays.split("evaluation")  # held out by essay from the calibration passages
     if out is not None:
         check_output_dir(out, overwrite)
 
@@ -956,6 +968,8 @@ def prune_layers(
     if quantized_modules(model):
         raise UserError("the model has quantized layers; prune the layers of the dense model, then quantize")
     n_layers = len(_supported_layers(model))
+    if essay_default:
+        calib = essays.passages(tok, n_texts, seed)
     if remove is not None and remove >= n_layers:
         raise UserError(f"cannot remove every layer: --remove {remove} with {n_layers} layers (at most {n_layers - 1})")
 
