@@ -177,7 +177,11 @@ def test_mus_fp8_run_saves_a_mus_model_that_resumes_training(monkeypatch, capsys
     assert code == 0, err
     res = json.loads(stdout)
     fp8 = res["fp8"]
-    assert fp8["overflow_rate"] == 0.0 and 0.0 <= fp8["underflow_rate"] < 0.05
+    # Unit-scaled forward casts lose almost nothing; the gradients are cast directly (the paper's
+    # default, no loss scale), and a mean-reduced loss puts many of them below E5M2's subnormals.
+    assert fp8["overflow_rate"] == 0.0
+    assert fp8["activation_underflow_rate"] < 0.05 and fp8["weight_underflow_rate"] < 0.05
+    assert fp8["gradient_underflow_rate"] > max(fp8["activation_underflow_rate"], fp8["weight_underflow_rate"])
     assert set(fp8["per_layer"]) and all(set(v) == {"activation", "weight", "gradient"} for v in fp8["per_layer"].values())
     model = load_mus(out)
     assert is_mus(model) and all(lin.fp8 for lin in model.hidden_linears().values())

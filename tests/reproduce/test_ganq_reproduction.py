@@ -44,7 +44,10 @@ def test_real_run_evaluator_is_the_shared_perplexity_and_a_plain_kl():
     model, _ = load("zoo:agent-small")
     ids = torch.randint(0, model.config.vocab_size, (300,), generator=torch.Generator().manual_seed(0))
     ppl, kl0, ref = _evaluate(model, ids, 64, 128, None)
-    assert abs(ppl - perplexity_of_ids(model, ids, 64)) < 1e-6 * ppl and kl0 == 0.0 and len(ref) == 2
+    # the same float32 logits reduced in another order (log_softmax + gather vs cross_entropy): equal
+    # mean NLLs to float32 rounding (~1e-7 per token), i.e. log-perplexities within 1e-5 (a random
+    # model's perplexity here is ~1.6e6, so a relative 1e-6 on the perplexity itself is at the edge)
+    assert abs(math.log(ppl) - math.log(perplexity_of_ids(model, ids, 64))) < 1e-5 and kl0 == 0.0 and len(ref) == 2
     other = copy.deepcopy(model)
     with torch.no_grad():
         other.model.layers[0].mlp.down_proj.weight.mul_(0.5)
