@@ -188,7 +188,8 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, alpha: float = 1.0,
         name: the layer's name in ``counters``.
         grad_scale: a *static* constant the incoming gradient is multiplied by before its E5M2 cast
             and divided by after (a fixed loss scale; no amax, nothing data-dependent). The µS model
-            passes ``n_tokens * fan_in_of_head`` (see ``model.MuSForCausalLM.forward``).
+            passes 1 (the paper's direct cast), or ``n_tokens * fan_in_of_head`` with
+            ``MuSConfig.fp8_grad_scale`` (see ``model.MuSForCausalLM.forward``).
 
     Returns:
         ``(..., fan_out)`` output in ``x``'s dtype.
