@@ -184,8 +184,8 @@ def test_sp_baseline_differs_from_mus_only_in_the_parametrization():
     assert {k: v.shape for k, v in mus.state_dict().items()} == {k: v.shape for k, v in sp.state_dict().items()}
     assert [type(m).__name__ for m in mus.layers[0].modules()][1:] == [type(m).__name__ for m in sp.layers[0].modules()][1:]
     for lin in sp.hidden_linears().values():
-        assert lin.alpha == 1.0 and abs(float(lin.weight.std()) - 0.02) < 0.002
-    assert sp.head_alpha == 1.0 and abs(float(sp.lm_head.std()) - 0.02) < 0.002
+        assert lin.alpha == 1.0 and abs(float(lin.weight.detach().std()) - 0.02) < 0.002
+    assert sp.head_alpha == 1.0 and abs(float(sp.lm_head.detach().std()) - 0.02) < 0.002
     blk = sp.layers[0]
     x = torch.randn(2, 8, d)
     cos, sin = sp.rotary_emb(x, torch.arange(8)[None].expand(2, 8))
