@@ -26,6 +26,7 @@ def teacher_hacking_cmd(
     gens_per_prompt: Annotated[int, typer.Option(help="Teacher generations per prompt in the offline set.")] = 1,
     teacher_data: Annotated[int, typer.Option(help="Oracle sequences the teacher is trained on (few = imperfect teacher).")] = 500,
     teacher_steps: Annotated[int, typer.Option(help="Teacher training steps (maximum likelihood on its oracle sample).")] = 250,
+    student_sft_steps: Annotated[int, typer.Option(help="Student SFT steps on the teacher's oracle sample before distillation (the paper SFTs both; 0 = random init).")] = 250,
     eval_prompts: Annotated[int, typer.Option(help="Held-out prompts (2 oracle and 2 teacher samples each) for the metrics.")] = 256,
     loss: Annotated[str, typer.Option(help="Token-level divergence: forward_kl (paper), reverse_kl or jsd.")] = "forward_kl",
     lr: Annotated[float, typer.Option(help="Student learning rate (Adam).")] = 3e-3,
@@ -48,7 +49,8 @@ def teacher_hacking_cmd(
         raise UserError(f"unknown regime(s) {bad or regimes!r}; use a comma-separated subset of {', '.join(REGIMES)}")
     try:
         cfg = TeacherHackingConfig(steps=steps, n_prompts=n_prompts, gens_per_prompt=gens_per_prompt,
-                                   teacher_data=teacher_data, teacher_steps=teacher_steps, eval_prompts=eval_prompts,
+                                   teacher_data=teacher_data, teacher_steps=teacher_steps,
+                                   student_sft_steps=student_sft_steps, eval_prompts=eval_prompts,
                                    loss=loss, lr=lr, seed=seed)
     except ValueError as exc:
         raise UserError(str(exc)) from exc

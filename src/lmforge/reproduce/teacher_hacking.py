@@ -212,10 +212,10 @@ def run(opts: ReproduceOptions) -> ClaimResult:
         f"prompts of {cfg.prompt_len} symbols, responses <= {cfg.max_response_len}) instead of the paper's LM oracle, "
         "so the golden metric uses exact oracle log-probs.",
         f"Teacher: Llama {cfg.teacher_shape} trained by MLE on {cfg.teacher_data} oracle sequences "
-        f"({cfg.teacher_steps} steps), imperfect on purpose; student: Llama {cfg.student_shape}, random init "
-        "(NOTE: the paper SFTs both on oracle data first; TeacherHackingConfig.student_sft_* does that but is off here: "
-        "in the one trial made with an SFT'd student and a better teacher, KL(oracle‖teacher) = 1.0, the offline run "
-        "overfit in both metrics at once, with no proxy/golden split).",
+        f"({cfg.teacher_steps} steps), imperfect on purpose; student: Llama {cfg.student_shape}, SFT'd first on the "
+        f"teacher's oracle sample for {cfg.student_sft_steps} steps, as the paper builds initial SFT checkpoints for "
+        "both from one oracle dataset (the student's SFT length is our choice: the teacher's). Earlier versions "
+        "distilled into a randomly initialised student, where this condition held at the default seed.",
         f"Distillation: token-level forward KL (lmforge.methods.distillm2.losses.forward_kl), batch {cfg.batch_size}, "
         f"Adam lr {cfg.lr} (the paper: 3e-4 for T5; raised for a 1-layer model to move within {cfg.steps} steps), "
         f"{cfg.steps} steps; offline set {cfg.dataset_size} teacher generations reused "

@@ -159,3 +159,26 @@ def test_config_checks() -> None:
         TeacherHackingConfig(student_shape=TinyShape(128, 4, 4, 256))
     with pytest.raises(ValueError):
         TeacherHackingConfig(steps=10)
+
+
+def test_student_is_sfted_on_the_teachers_oracle_sample_first(monkeypatch) -> None:
+    """As the paper: one oracle dataset gives both initial SFT checkpoints. By default the student's
+    SFT runs on the very sequences the teacher was trained on, for student_sft_steps steps, and leaves
+    the student closer to the oracle than a random init; student_sft_steps=0 skips it, and
+    student_sft_data > 0 draws a separate sample."""
+    from lmforge.methods.teacher_hacking import harness
+
+    calls: list[tuple[object, int]] = []
+    real = harness.train_mle
+    monkeypatch.setattr(harness, "train_mle", lambda m, data, steps, *a: calls.append((data, steps)) or real(m, data, steps, *a))
+    small = dict(n_symbols=8, n_topics=2, max_response_len=8, teacher_data=120, teacher_steps=40, batch_size=16,
+                 eval_prompts=32, eval_samples_per_prompt=2)
+    sft = harness.build_setup(TeacherHackingConfig(student_sft_steps=30, **small))
+    assert len(calls) == 2 and calls[1][0] is calls[0][0] and calls[1][1] == 30
+    calls.clear()
+    rand = harness.build_setup(TeacherHackingConfig(student_sft_steps=0, **small))
+    assert len(calls) == 1
+    assert sft.info["student0_golden"] < rand.info["student0_golden"]
+    calls.clear()
+    harness.build_setup(TeacherHackingConfig(student_sft_steps=30, student_sft_data=50, **small))
+    assert calls[1][0] is not calls[0][0] and len(calls[1][0].prompts) == 50

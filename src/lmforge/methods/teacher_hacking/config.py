@@ -26,8 +26,12 @@ class TeacherHackingConfig:
         teacher_shape / student_shape: tiny Llama shapes; the student is the smaller.
         teacher_data: oracle sequences the teacher is trained on (deliberately few: an imperfect teacher).
         teacher_steps / teacher_lr: the teacher's maximum-likelihood training.
-        student_sft_data / student_sft_steps: oracle sequences and steps of the student's SFT before
-            distillation (the paper initialises both models by SFT on oracle data; 0 = random init).
+        student_sft_data / student_sft_steps: the student's SFT before distillation. The paper builds
+            "initial SFT checkpoints for both teacher and student" from one oracle dataset, so by default
+            the student is trained on the teacher's own oracle sample (``student_sft_data = 0``) for as
+            many steps as the teacher (NOTE: the paper does not give the student's SFT length);
+            ``student_sft_data > 0`` draws a separate sample of that size; ``student_sft_steps = 0`` is
+            a random init.
         n_prompts / gens_per_prompt: the offline set (the paper's knob: at fixed
             ``n_prompts·gens_per_prompt``, fewer prompts with more generations each). The online
             sources draw their prompts from the same pool.
@@ -51,7 +55,7 @@ class TeacherHackingConfig:
     teacher_steps: int = 250
     teacher_lr: float = 3e-3
     student_sft_data: int = 0
-    student_sft_steps: int = 0
+    student_sft_steps: int = 250
     n_prompts: int = 500
     gens_per_prompt: int = 1
     steps: int = 700

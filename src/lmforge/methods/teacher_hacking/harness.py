@@ -42,12 +42,15 @@ def build_setup(cfg: TeacherHackingConfig) -> Setup:
                           prompt_len=cfg.prompt_len, max_response_len=cfg.max_response_len, seed=cfg.oracle_seed)
     max_len = cfg.prompt_len + cfg.max_response_len + 1
     teacher = build_lm(cfg.teacher_shape, oracle.vocab_size, max_len, seed=cfg.seed + 1)
-    teacher_losses = train_mle(teacher, oracle.sample(cfg.teacher_data, gen), cfg.teacher_steps, cfg.batch_size,
-                               cfg.teacher_lr, gen)
+    sft_data = oracle.sample(cfg.teacher_data, gen)
+    teacher_losses = train_mle(teacher, sft_data, cfg.teacher_steps, cfg.batch_size, cfg.teacher_lr, gen)
     student0 = build_lm(cfg.student_shape, oracle.vocab_size, max_len, seed=cfg.seed + 2)
-    if cfg.student_sft_data and cfg.student_sft_steps:
-        train_mle(student0, oracle.sample(cfg.student_sft_data, gen), cfg.student_sft_steps, cfg.batch_size,
-                  cfg.teacher_lr, gen)
+    student_sft_losses: list[float] = []
+    if cfg.student_sft_steps:
+        # The paper: the oracle dataset gives "initial SFT checkpoints for both teacher and student".
+        student_data = oracle.sample(cfg.student_sft_data, gen) if cfg.student_sft_data else sft_data
+        student_sft_losses = train_mle(student0, student_data, cfg.student_sft_steps, cfg.batch_size,
+                                       cfg.teacher_lr, gen)
     eval_set = make_eval_set(oracle, teacher, cfg.eval_prompts, cfg.eval_samples_per_prompt, gen)
     teacher_golden = float((eval_set.oracle_logp - sequence_log_prob(teacher, eval_set.oracle_samples)).mean())
     info = {
@@ -56,6 +59,8 @@ def build_setup(cfg: TeacherHackingConfig) -> Setup:
         "teacher_final_train_nll": teacher_losses[-1],
         "teacher_params": sum(p.numel() for p in teacher.parameters()),
         "student_params": sum(p.numel() for p in student0.parameters()),
+        "student_sft_steps": cfg.student_sft_steps,
+        "student_sft_final_train_nll": student_sft_losses[-1] if student_sft_losses else None,
         "student0_golden": eval_set.golden(student0),
         "student0_proxy": eval_set.proxy(student0),
         "setup_seconds": time.perf_counter() - start,
