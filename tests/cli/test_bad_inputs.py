@@ -66,6 +66,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("compress-pattern", ["compress", "wanda", "-m", NANO, "--pattern", "5:4"], "5:4"),
     ("compress-set-without-value", ["compress", "gptq", "-m", NANO, "--set", "act_order"], "act_order"),
     ("compress-missing-model", ["compress", "gptq"], "--model"),
+    ("compress-eval-dtype", ["compress", "gptq", "-m", NANO, "--eval-dtype", "fp16"], "--eval-dtype"),
     ("compress-bits-type", ["compress", "gptq", "-m", NANO, "--bits", "four"], "--bits"),
     ("compress-calib-file-missing", ["compress", "gptq", "-m", NANO, "--calib-file", "missing.jsonl"], "missing.jsonl"),
     ("compress-out-is-a-file", ["compress", "gptq", "-m", NANO, "--out", "f.txt"], "f.txt"),
@@ -171,6 +172,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("teacher-hacking-regimes", ["align", "teacher-hacking", "--out", "o", "--regimes", "nosuch"], "nosuch"),
     ("teacher-hacking-steps", ["align", "teacher-hacking", "--out", "o", "--steps", "0"], "steps"),
     ("teacher-hacking-loss", ["align", "teacher-hacking", "--out", "o", "--loss", "xx"], "loss"),
+    ("teacher-hacking-student-sft", ["align", "teacher-hacking", "--out", "o", "--student-sft-steps", "-1"],
+     "student_sft"),
     # reward
     ("reward-train-head", ["reward", "train", "--head", "nosuch", "--data", "prefs.jsonl", "--out", "o"], "head"),
     ("reward-train-data-missing", ["reward", "train", "--head", "bt", "--data", "missing.jsonl", "--out", "o"],

@@ -173,7 +173,7 @@ def evaluate(model: nn.Module, pairs: Sequence[PreferencePair], cfg: DivergingPr
     out_a, out_b = predict(model, pairs, cfg)
     labels = [p.labels for p in pairs]
     bt_tau = None
-    if cfg.head in ("meanvar", "bt") and dev_pairs and (lam is None or cfg.head == "bt"):
+    if dev_pairs and ((cfg.head == "meanvar" and lam is None) or (cfg.head == "bt" and tune_bt)):
         da, db = predict(model, dev_pairs, cfg)
         dev_labels = [p.labels for p in dev_pairs]
         if cfg.head == "meanvar":
