@@ -4,7 +4,8 @@
 two-sided); ``optim.py``: ``ProjectedAdam``/``ProjectedSGD`` with state in the projected space and
 refreshes as in galore-torch 1.0; ``adapters.py``: the matching adapters (one-sided LoRA,
 ``W0 + PΘQᵀ``, PEFT's LoRA set up one-sided) and ``merge_and_rebase``; ``distributed.py``:
-worker-specific projections on torch.distributed; ``apply.py``: ``build_optimizer`` for
+data parallelism exchanging r-sized tensors only (shared or
+worker-specific projections) on torch.distributed; ``apply.py``: ``build_optimizer`` for
 ``lmforge train --optimizer galore|sketch|orthogonal|kron``, registered here with the trainer
 (:func:`lmforge.common.trainer.register_optimizer`, one projected optimizer per kind).
 """

@@ -49,7 +49,15 @@ class _ProjectedOptimizer(torch.optim.Optimizer):
     Projected groups carry ``kind, rank, refresh, scale, proj_type, seed`` and optionally
     ``names`` (for error messages) and ``worker`` (the worker-specific projector offset).
     Per-parameter state: ``step``, ``refreshes`` and the factors ``proj_left``/``proj_right``.
+
+    ``comm`` is None in single-process training. :mod:`.distributed` sets it for the duration of
+    one step to an object with ``full_grad(grad)`` (a refresh of an SVD projector needs the
+    averaged full gradient), ``low_grad(g)`` (reduce a projected gradient) and
+    ``apply(p, update_low, proj, group, i)`` (apply an r-space update, possibly gathered from the
+    other workers); the math of the step itself is unchanged.
     """
+
+    comm: Any = None
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group; a projected one has its shapes and rank checked here, before any step."""
@@ -82,11 +90,21 @@ class _ProjectedOptimizer(torch.optim.Optimizer):
         if "proj_left" not in state or state["step"] % group["refresh"] == 0:
             side = "both" if group["kind"] == "kron" else choose_side(tuple(p.shape), group["proj_type"])
             seed = projector_seed(group["seed"], group["indices"][i], state["refreshes"], group["worker"])
-            proj = make_projector(group["kind"], p.grad, group["rank"], side, seed)
+            grad = p.grad if self.comm is None or group["kind"] not in ("galore", "kron") else self.comm.full_grad(p.grad)
+            proj = make_projector(group["kind"], grad, group["rank"], side, seed)
             state["proj_left"], state["proj_right"] = proj.left, proj.right
             state["refreshes"] += 1
         proj = Projector(state["proj_left"], state["proj_right"])
-        return proj.project(p.grad), proj
+        low = proj.project(p.grad)
+        return (low if self.comm is None else self.comm.low_grad(low)), proj
+
+    def _apply_low(self, p: torch.Tensor, update: torch.Tensor, proj: Projector, group: dict[str, Any],
+                   i: int) -> None:
+        """``p += scale · P update Qᵀ`` (``update`` already carries the step size and sign)."""
+        if self.comm is None:
+            p.add_(proj.back(update, group.get("scale", 1.0)))
+        else:
+            self.comm.apply(p, update, proj, group, i)
 
     @staticmethod
     def projector_of(state: dict[str, Any]) -> Projector | None:
@@ -135,7 +153,6 @@ class ProjectedAdam(_ProjectedOptimizer):
         for group in self.param_groups:
             lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
             torch_conv = group["convention"] == "torch"
-            scale = group.get("scale", 1.0)
             for i, p in enumerate(group["params"]):
                 if p.grad is None:
                     continue
@@ -165,7 +182,7 @@ class ProjectedAdam(_ProjectedOptimizer):
                 if proj is None:
                     p.addcdiv_(m, denom, value=-step_size)
                 else:
-                    p.add_(proj.back(m / denom, scale), alpha=-step_size)
+                    self._apply_low(p, (m / denom).mul_(-step_size), proj, group, i)
                 if not torch_conv and wd != 0:
                     p.add_(p, alpha=-lr * wd)
         return loss
@@ -192,7 +209,7 @@ class ProjectedSGD(_ProjectedOptimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            lr, mu, scale = group["lr"], group["momentum"], group.get("scale", 1.0)
+            lr, mu = group["lr"], group["momentum"]
             for i, p in enumerate(group["params"]):
                 if p.grad is None:
                     continue
@@ -205,7 +222,10 @@ class ProjectedSGD(_ProjectedOptimizer):
                     else:
                         state["momentum_buffer"].mul_(mu).add_(g)
                     g = state["momentum_buffer"]
-                p.add_(g if proj is None else proj.back(g, scale), alpha=-lr)
+                if proj is None:
+                    p.add_(g, alpha=-lr)
+                else:
+                    self._apply_low(p, g * -lr, proj, group, i)
         return loss
 
 
