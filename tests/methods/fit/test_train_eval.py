@@ -107,3 +107,54 @@ def test_config_checks():
         FITConfig(lr=0)
     with pytest.raises(UserError):
         FITConfig(warmup_ratio=1.0)
+
+
+def test_loop_loss_equals_validation_loss_and_its_gradient_matches_trl(fit_tok):
+    # The loop's batch loss (LM head only at completion positions) is the mean completion-token CE
+    # that validation_loss computes through score_continuations; its gradient equals the gradient
+    # of TRL's completion-only training loss on the same batch.
+    import datasets
+    from trl import SFTConfig, SFTTrainer
+
+    from lmforge.common.scoring import encode_pair
+    from lmforge.methods.fit.train import completion_loss
+
+    model = tiny_model(fit_tok, seed=2)
+    ex = build_fit_data(sp.make_split(6, 12, 0.9), TASK, SPEC, seed=3)
+    rows = [encode_pair(fit_tok, e["prompt"], e["completion"] + fit_tok.eos_token) for e in ex]
+    loss = completion_loss(model, rows, fit_tok.pad_token_id)
+    assert float(loss.detach()) == pytest.approx(validation_loss(model, fit_tok, ex), rel=1e-5)
+    loss.backward()
+    mine = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    args = SFTConfig(output_dir="/tmp/unused-fit-grad", per_device_train_batch_size=len(ex), report_to=[],
+                     use_cpu=True, completion_only_loss=True, disable_tqdm=True, save_strategy="no")
+    ds = datasets.Dataset.from_list([{"prompt": e["prompt"], "completion": e["completion"]} for e in ex])
+    tr = SFTTrainer(model=model, args=args, processing_class=fit_tok, train_dataset=ds)
+    batch = tr.data_collator([tr.train_dataset[i] for i in range(len(ex))])
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+    out.loss.backward()
+    for n, p in model.named_parameters():
+        assert torch.allclose(mine[n], p.grad, rtol=1e-4, atol=1e-7), n
+
+
+def test_loop_with_lora_trains_adapters_only_and_merges(fit_tok):
+    model = tiny_model(fit_tok, seed=0)
+    train = build_fit_data(sp.make_split(3, 128, 0.9), TASK, SPEC, seed=0)
+    val = build_fit_data(sp.make_split(4, 32, 0.9), TASK, SPEC, seed=1)
+    before = validation_loss(model, fit_tok, val)
+    emb = model.get_input_embeddings().weight.detach().clone()
+    q = model.model.layers[0].self_attn.q_proj.weight.detach().clone()
+    cfg = FITConfig(steps=30, lr=2e-2, batch_size=16, lora_r=4, lora_alpha=8, lora_dropout=0.0, trainer="loop",
+                    eval_every=10, patience=5, seed=0)
+    rep = train_sft(model, fit_tok, train, cfg, val_examples=val)
+    assert rep.steps_run == 30 and [s for s, _ in rep.eval_losses] == [10, 20, 30]
+    # Merged back into plain Linear layers; the embedding (not a LoRA target) is untouched, the
+    # attention weight moved by a rank-<=4 update.
+    assert type(model.model.layers[0].self_attn.q_proj) is torch.nn.Linear
+    assert torch.equal(model.get_input_embeddings().weight, emb)
+    delta = model.model.layers[0].self_attn.q_proj.weight.detach() - q
+    assert 0 < int(torch.linalg.matrix_rank(delta, rtol=1e-5)) <= 4
+    best_loss = min(l for _, l in rep.eval_losses)
+    assert validation_loss(model, fit_tok, val) == pytest.approx(best_loss, rel=1e-4)
+    assert best_loss < before

@@ -11,11 +11,15 @@ token-accuracy metrics), which the reproduction's budget affords, so it is used 
 hand-written loop. Early stopping on validation cross-entropy (the paper's rule) is a
 ``TrainerCallback`` that keeps the best weights in memory and restores them at the end, so no
 checkpoint is written to disk.
+
+With ``cfg.lora_r > 0`` the model is wrapped by PEFT's ``get_peft_model`` (LoRA on every linear
+layer but the LM head) before training and merged back with ``merge_and_unload`` after, so the
+caller's model object holds the fine-tuned weights either way; early stopping then keeps the best
+adapter weights only.
 """
 
 from __future__ import annotations
 
-import copy
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,6 +49,16 @@ class TrainReport:
     seconds: float = 0.0
 
 
+def _with_lora(model: torch.nn.Module, cfg: FITConfig) -> torch.nn.Module:
+    """``model`` wrapped by PEFT LoRA on every linear layer (in place) when ``cfg.lora_r > 0``."""
+    if cfg.lora_r <= 0:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                                            target_modules="all-linear", task_type="CAUSAL_LM"))
+
+
 def _records(examples: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
     return [{"prompt": e["prompt"], "completion": e["completion"]} for e in examples]
 
@@ -66,8 +80,16 @@ def train_sft(model: torch.nn.Module, tokenizer: Any, examples: Sequence[dict[st
     from transformers import PrinterCallback, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
+    if cfg.trainer == "loop":
+        return train_loop(model, tokenizer, examples, cfg, val_examples)
     datasets.disable_progress_bars()
     report = TrainReport()
+    target = _with_lora(model, cfg)
+
+    def _trainable_state() -> dict[str, torch.Tensor]:
+        # The weights early stopping has to keep: the adapters under LoRA, everything otherwise.
+        return {k: v.detach().clone() for k, v in target.named_parameters() if v.requires_grad}
+
     use_val = bool(val_examples) and cfg.eval_every > 0
     best: dict[str, Any] = {"loss": float("inf"), "state": None, "step": 0, "bad": 0}
 
@@ -77,8 +99,7 @@ def train_sft(model: torch.nn.Module, tokenizer: Any, examples: Sequence[dict[st
             loss = float((metrics or {}).get("eval_loss", float("inf")))
             report.eval_losses.append((int(state.global_step), loss))
             if loss < best["loss"]:
-                best.update(loss=loss, step=int(state.global_step), bad=0,
-                            state=copy.deepcopy({k: v.detach().clone() for k, v in model.state_dict().items()}))
+                best.update(loss=loss, step=int(state.global_step), bad=0, state=_trainable_state())
             else:
                 best["bad"] += 1
                 if best["bad"] >= cfg.patience:
@@ -91,10 +112,10 @@ def train_sft(model: torch.nn.Module, tokenizer: Any, examples: Sequence[dict[st
             weight_decay=cfg.weight_decay, max_length=cfg.max_length, completion_only_loss=True,
             eval_strategy="steps" if use_val else "no", eval_steps=cfg.eval_every if use_val else None,
             logging_steps=10, save_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0,
-            seed=cfg.seed, data_seed=cfg.seed, disable_tqdm=True, bf16=False, fp16=False,
+            seed=cfg.seed, data_seed=cfg.seed, disable_tqdm=True, bf16=cfg.bf16, fp16=False,
         )
         trainer = SFTTrainer(
-            model=model, args=args, processing_class=tokenizer,
+            model=target, args=args, processing_class=tokenizer,
             train_dataset=datasets.Dataset.from_list(_records(examples)),
             eval_dataset=datasets.Dataset.from_list(_records(val_examples)) if use_val else None,
             callbacks=[_EarlyStop()] if use_val else None,
@@ -111,15 +132,20 @@ def train_sft(model: torch.nn.Module, tokenizer: Any, examples: Sequence[dict[st
     if use_val:
         # A last check at the final step, so a run that ends on its best weights keeps them.
         if not report.eval_losses or report.eval_losses[-1][0] != report.steps_run:
-            loss = validation_loss(model, tokenizer, val_examples or [], batch_size=64)
+            loss = validation_loss(target, tokenizer, val_examples or [], batch_size=64)
             report.eval_losses.append((report.steps_run, loss))
             if loss < best["loss"]:
                 best.update(loss=loss, step=report.steps_run, state=None)
         if best["state"] is not None:
-            model.load_state_dict(best["state"])
+            with torch.no_grad():
+                params = dict(target.named_parameters())
+                for k, v in best["state"].items():
+                    params[k].copy_(v)
         report.best_step = int(best["step"])
     else:
         report.best_step = report.steps_run
+    if target is not model:
+        target.merge_and_unload()
     model.eval()
     return report
 
@@ -135,3 +161,107 @@ def validation_loss(model: torch.nn.Module, tokenizer: Any, examples: Sequence[d
                                  batch_size=batch_size)
     n = sum(s.n_tokens for s in scores)
     return -sum(s.sum for s in scores) / max(1, n)
+
+
+def completion_loss(model: torch.nn.Module, rows: Sequence[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
+    """Mean cross-entropy of the completion tokens given their prompts over a batch of
+    ``(prompt ids, completion ids)`` rows (TRL's completion-only loss: the mean over every completion
+    token of the batch). The LM head runs only at the positions that predict a completion token."""
+    width = max(len(c) + len(x) for c, x in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    where_b, where_t, targets = [], [], []
+    for b, (ctx, cont) in enumerate(rows):
+        seq = ctx + cont
+        ids[b, :len(seq)] = torch.tensor(seq)
+        mask[b, :len(seq)] = 1
+        for j, tok in enumerate(cont):
+            where_b.append(b)
+            where_t.append(len(ctx) + j - 1)
+            targets.append(tok)
+    device = next(model.parameters()).device
+    hidden = model.get_decoder()(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state
+    picked = hidden[torch.tensor(where_b, device=device), torch.tensor(where_t, device=device)]
+    logits = model.get_output_embeddings()(picked).float()
+    return torch.nn.functional.cross_entropy(logits, torch.tensor(targets, device=device))
+
+
+def train_loop(model: torch.nn.Module, tokenizer: Any, examples: Sequence[dict[str, Any]], cfg: FITConfig,
+               val_examples: Sequence[dict[str, Any]] | None = None) -> TrainReport:
+    """:func:`train_sft`'s objective and schedule in a plain loop (``cfg.trainer == "loop"``).
+
+    The same completion-only loss, AdamW, linear warm-up and decay, batches drawn from a seeded
+    shuffle epoch after epoch, LoRA and early stopping as the TRL path, but the LM head is applied
+    only where a completion token is predicted. NOTE: written because a real vocabulary makes
+    TRL's per-step work (full-sequence logits, entropy and token-accuracy metrics over 49k entries)
+    cost 1.6x this loop on SmolLM2 (measured: 2.9 s against 1.86 s per batch of 16 x 48 tokens,
+    bf16 autocast, 2 threads); the losses are the same quantity (tested against
+    :func:`validation_loss`).
+    """
+    import random
+    import time
+
+    from transformers import get_linear_schedule_with_warmup
+
+    from lmforge.common.scoring import encode_pair
+
+    report = TrainReport()
+    target = _with_lora(model, cfg)
+    eos = tokenizer.eos_token or ""
+    rows = [encode_pair(tokenizer, e["prompt"], e["completion"] + eos) for e in examples]
+    rows = [(c[-(cfg.max_length - len(x)):] if len(c) + len(x) > cfg.max_length else c, x) for c, x in rows]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    params = [p for p in target.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = get_linear_schedule_with_warmup(opt, int(cfg.warmup_ratio * cfg.steps), cfg.steps)
+    rng = random.Random(f"lmforge-fit-loop:{cfg.seed}")
+    torch.manual_seed(cfg.seed)
+    order: list[int] = []
+    use_val = bool(val_examples) and cfg.eval_every > 0
+    best: dict[str, Any] = {"loss": float("inf"), "state": None, "step": 0, "bad": 0}
+
+    def check(step: int) -> bool:
+        loss = validation_loss(model, tokenizer, val_examples or [], batch_size=64)
+        report.eval_losses.append((step, loss))
+        if loss < best["loss"]:
+            best.update(loss=loss, step=step, bad=0,
+                        state={k: v.detach().clone() for k, v in target.named_parameters() if v.requires_grad})
+            return False
+        best["bad"] += 1
+        return best["bad"] >= cfg.patience
+
+    t0 = time.perf_counter()
+    target.train()
+    for step in range(1, cfg.steps + 1):
+        batch = []
+        while len(batch) < cfg.batch_size:
+            if not order:
+                order = list(range(len(rows)))
+                rng.shuffle(order)
+            batch.append(rows[order.pop()])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            loss = completion_loss(model, batch, int(pad_id))
+        loss.backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        report.steps_run = step
+        if step % 10 == 0 or step == cfg.steps:
+            report.losses.append((step, float(loss.detach())))
+        if use_val and (step % cfg.eval_every == 0 or step == cfg.steps):
+            target.eval()
+            stop = check(step)
+            target.train()
+            if stop:
+                break
+    report.seconds = time.perf_counter() - t0
+    if use_val and best["state"] is not None:
+        with torch.no_grad():
+            named = dict(target.named_parameters())
+            for k, v in best["state"].items():
+                named[k].copy_(v)
+    report.best_step = int(best["step"]) if use_val else report.steps_run
+    if target is not model:
+        target.merge_and_unload()
+    model.eval()
+    return report
