@@ -1,5 +1,14 @@
 """``lmforge reproduce fit``: Focus Instruction Tuning against SFT(y) on a spurious-keyword suite.
 
+By default on SmolLM2-135M-Instruct (``real:smollm2-135m-instruct``): LoRA SFT(y) and LoRA FIT from
+the same untuned weights with the same budget, three seeds, on natural-language film reviews with a
+keyword sentence (:mod:`lmforge.data.spurious_reviews`); the condition is :data:`REAL_MIN_SEEDS` of
+:data:`REAL_SEEDS` seeds meeting :func:`verdict`. ``--quick`` runs the tiny-Llama miniature described
+below (what the tests use); ``--full`` adds a run with 4x the steps at one seed and the miniature's
+full arms.
+
+The miniature:
+
 Lamb et al., "Focus On This, Not That! Steering LLMs with Adaptive Feature Specification" (ICML
 2025, arXiv 2410.22944): fine-tuning on focus instructions (focus on / ignore the core or the
 spurious feature, the label following the instruction) makes a model steerable: told to focus on
@@ -224,13 +233,124 @@ def _experiment(opts: ReproduceOptions, n_train: int, n_test: int, pre_steps: tu
     return {"arms": out, "pre_reports": pre_reports, "probes_pretrained": probes_pre, "n_params": n_params}
 
 
-@register_reproduction(
-    "fit", title=TITLE,
-    summary="a tiny Llama pretrained on label-independent sentiment and keyword tasks, then fine-tuned by SFT(y) "
-            "and by FIT on a sentiment + spurious-keyword suite, with a clean and with an ambiguous core; focus "
-            "accuracy on iid/high/low/flipped splits and an unseen keyword family",
-)
-def run(opts: ReproduceOptions) -> ClaimResult:
+# ---------------------------------------------------------------------------------------------
+# The real model: LoRA FIT on SmolLM2-135M-Instruct (issue 19, item 1)
+
+REAL_MODEL = "real:smollm2-135m-instruct"
+REAL_TASK = "Is the sentiment of this review positive or negative?"
+REAL_SEEDS = 3
+# Settings chosen on a pilot at seed 100, which is not one of the verdict seeds (opts.seed .. +2).
+REAL_STEPS = 50
+REAL_BATCH = 16
+REAL_LR = 1e-3
+REAL_LORA = (16, 32, 0.05)  # r, alpha, dropout: on every linear layer (the paper trains LoRA)
+REAL_AMBIGUITY = 0.10       # share of training reviews whose text contradicts the gold label (SST-like noise)
+REAL_N_TEST = 48
+REAL_EVAL_SPLITS = (*SPLITS, "heldout-iid", "heldout-flipped")
+REAL_FIT_TYPES = ("none", "focus_c", "focus_c_ignore_s", "focus_s")
+# The condition for the real model, written before any run at the verdict seeds: per seed, the three
+# checks of :func:`verdict` with the same thresholds as the toy; held iff all three hold at >= 2 of the
+# 3 seeds.
+REAL_MIN_SEEDS = 2
+# --full adds one longer run at opts.seed: the same settings with this many times the steps (and data),
+# to see whether the 15-minute budget is what limits the instruction-following; reported, not counted.
+REAL_FULL_FACTOR = 4
+# What the pilot at seed 100 gave (flipped split; SFT(y) / FIT focus(C)+ignore(S) / FIT focus(S)), quoted
+# in the notes: it is why lr 1e-3 was chosen (between a run where nothing collapses and one where FIT
+# follows the keyword under every instruction).
+PILOT = {"lr 5e-4, 50 steps": (0.96, 0.92, 0.10), "lr 2e-3, 50 steps": (0.52, 0.21, 0.81),
+         "lr 1e-3, 60 steps": (0.88, 0.58, 0.48)}
+
+
+def real_verdict(per_seed: list[dict[str, bool]]) -> dict[str, Any]:
+    """The real-model verdict from the per-seed :func:`verdict` results (fixed before the runs)."""
+    n = sum(bool(c["held"]) for c in per_seed)
+    return {"seeds held": n, "seeds": len(per_seed), "held": n >= REAL_MIN_SEEDS}
+
+
+def real_spec() -> Any:
+    from lmforge.methods.fit.data import FieldSpec
+
+    return FieldSpec(label="label", spurious_label="keyword_label", core_name="the sentiment", spurious_name=None,
+                     spurious_name_field="family", spurious_name_format="the {}")
+
+
+def _evaluate_real(model: Any, tok: Any, su: dict[str, list[dict[str, Any]]], types: list[str]) -> dict[str, Any]:
+    """Focus accuracy per split and type, evaluated in bfloat16 (the model is restored afterwards by
+    the caller)."""
+    import torch
+
+    from lmforge.data import spurious as sp
+    from lmforge.methods.fit.data import build_fit_data, sft_data
+    from lmforge.methods.fit.evaluate import evaluate_examples
+
+    model.to(torch.bfloat16)
+    try:
+        out = {}
+        for split in REAL_EVAL_SPLITS:
+            ex = (sft_data(su[split], REAL_TASK, real_spec()) if types == ["none"]
+                  else build_fit_data(su[split], REAL_TASK, real_spec(), types=types, mode="all"))
+            out[split] = evaluate_examples(model, tok, ex, sp.LABELS, batch_size=48)
+        return out
+    finally:
+        model.float()
+
+
+def real_experiment(seeds: list[int], steps: int = REAL_STEPS, batch: int = REAL_BATCH, lr: float = REAL_LR,
+                    ambiguity: float = REAL_AMBIGUITY, n_test: int = REAL_N_TEST, model_spec: str = REAL_MODEL,
+                    log: Any = None) -> dict[str, Any]:
+    """For each seed: SFT(y) and FIT with LoRA from the same pretrained start, with the same budget
+    (``steps`` x ``batch`` examples, one pass over fresh reviews), then focus accuracy per split; the
+    untouched model is scored once (zero-shot) on the first seed's splits."""
+    import time as _time
+
+    import torch
+
+    from lmforge.data import spurious_reviews as rv
+    from lmforge.methods.fit.config import FITConfig
+    from lmforge.methods.fit.data import build_fit_data, sft_data
+    from lmforge.methods.fit.train import train_sft
+    from lmforge.models.load import load
+
+    model, tok = load(model_spec)
+    pristine = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    spec = real_spec()
+    out: dict[str, Any] = {"seeds": {}, "n_params": sum(p.numel() for p in model.parameters())}
+    for n, seed in enumerate(seeds):
+        su = rv.suite(seed, steps * batch, n_test, ambiguity=ambiguity)
+        if n == 0:
+            t0 = _time.perf_counter()
+            out["zero-shot"] = {"sft": _evaluate_real(model, tok, su, ["none"]),
+                                "fit": _evaluate_real(model, tok, su, list(REAL_FIT_TYPES))}
+            out["zero-shot seconds"] = _time.perf_counter() - t0
+        res: dict[str, Any] = {"ambiguous_share": sum(r["ambiguous"] for r in su["train"]) / len(su["train"])}
+        for method in ("sft", "fit"):
+            model.load_state_dict(pristine)
+            data = (sft_data(su["train"], REAL_TASK, spec) if method == "sft"
+                    else build_fit_data(su["train"], REAL_TASK, spec, seed=seed))
+            cfg = FITConfig(steps=steps, lr=lr, batch_size=batch, lora_r=REAL_LORA[0], lora_alpha=REAL_LORA[1],
+                            lora_dropout=REAL_LORA[2], bf16=True, trainer="loop", seed=seed)
+            torch.manual_seed(seed)
+            rep = train_sft(model, tok, data, cfg)
+            t0 = _time.perf_counter()
+            ev = _evaluate_real(model, tok, su, ["none"] if method == "sft" else list(REAL_FIT_TYPES))
+            res[method] = {"eval": ev, "train_seconds": rep.seconds, "eval_seconds": _time.perf_counter() - t0,
+                           "losses": rep.losses, "steps_run": rep.steps_run}
+            if log:
+                log(f"seed {seed} {method}: train {rep.seconds:.0f} s, eval {res[method]['eval_seconds']:.0f} s, "
+                    f"last loss {rep.losses[-1][1]:.3f}")
+        table = {"sft": {s: res["sft"]["eval"][s]["by_type"]["none"]["focus_accuracy"] for s in REAL_EVAL_SPLITS}}
+        for kind in REAL_FIT_TYPES:
+            table[f"fit:{kind}"] = {s: res["fit"]["eval"][s]["by_type"][kind]["focus_accuracy"]
+                                    for s in REAL_EVAL_SPLITS}
+        res["table"] = table
+        res["checks"] = verdict(table)
+        out["seeds"][seed] = res
+    model.load_state_dict(pristine)
+    return out
+
+
+def _run_toy(opts: ReproduceOptions) -> ClaimResult:
     import torch
 
     from lmforge.data import spurious as sp
@@ -435,3 +555,162 @@ def run(opts: ReproduceOptions) -> ClaimResult:
         notes=notes,
         seconds=time.perf_counter() - start,
     )
+
+
+def _plot_real(path: Path, seeds: dict[Any, Any], zero_shot: dict[str, Any]) -> Path:
+    rows = ["sft", "fit:focus_c_ignore_s", "fit:focus_s"]
+    names = ["SFT(y)", "FIT focus(C)+ignore(S)", "FIT focus(S) (vs y_S)"]
+    fig, ax = figure(figsize=(7.5, 3.6))
+    keys = list(seeds)
+    w = 0.8 / len(rows)
+    for i, (r, name) in enumerate(zip(rows, names)):
+        ax.bar([j + i * w for j in range(len(keys))], [seeds[k]["table"][r]["flipped"] for k in keys], width=w,
+               label=name)
+    zs = zero_shot["sft"]["flipped"]["by_type"]["none"]["focus_accuracy"]
+    ax.axhline(zs, color="black", lw=0.8, ls=":", label="untuned model, plain prompt")
+    ax.axhline(0.5, color="grey", lw=0.8, ls="--")
+    ax.axhline(HOLD_MIN, color="lightgrey", lw=0.8)
+    ax.set_xticks([j + 0.4 - w / 2 for j in range(len(keys))], [f"seed {k}" for k in keys])
+    ax.set_ylim(0, 1.3)
+    ax.set_ylabel("focus accuracy on flipped")
+    ax.set_title("FIT with LoRA on SmolLM2-135M-Instruct: the flipped split per seed", fontsize=9)
+    ax.legend(fontsize=7, ncol=2, loc="upper center")
+    return save_figure(fig, path)
+
+
+def _real_rows(res: dict[str, Any]) -> list[list[Any]]:
+    from lmforge.methods.fit.data import FOCUS_SYMBOLS
+
+    rows = []
+    for r, vals in res["table"].items():
+        name = "SFT(y), plain prompt" if r == "sft" else f"FIT {FOCUS_SYMBOLS[r.split(':')[1]]}"
+        rows.append([name, *[round(vals[s], 3) for s in REAL_EVAL_SPLITS]])
+    return rows
+
+
+def _steer(t: dict[str, dict[str, float]], split: str = "flipped") -> float:
+    return t["fit:focus_c_ignore_s"][split] - (1.0 - t["fit:focus_s"][split])
+
+
+def _run_real(opts: ReproduceOptions) -> ClaimResult:
+    import torch
+
+    from lmforge.data import spurious as sp
+
+    start = time.perf_counter()
+    seeds = [opts.seed + k for k in range(REAL_SEEDS)]
+    exp = real_experiment(seeds)
+    per_seed = exp["seeds"]
+    checks = [per_seed[k]["checks"] for k in seeds]
+    final = real_verdict(checks)
+    long_run = None
+    if opts.full:
+        long_run = real_experiment([opts.seed], steps=REAL_STEPS * REAL_FULL_FACTOR)
+    zs = exp["zero-shot"]
+    zs_table = {"sft": {s: zs["sft"][s]["by_type"]["none"]["focus_accuracy"] for s in REAL_EVAL_SPLITS}}
+    for kind in REAL_FIT_TYPES:
+        zs_table[f"fit:{kind}"] = {s: zs["fit"][s]["by_type"][kind]["focus_accuracy"] for s in REAL_EVAL_SPLITS}
+    measured: dict[str, Any] = {
+        "untuned SmolLM2, plain prompt, iid / flipped": f"{zs_table['sft']['iid']:.3f} / {zs_table['sft']['flipped']:.3f}",
+    }
+    for k in seeds:
+        t = per_seed[k]["table"]
+        measured[f"[seed {k}] flipped: SFT(y) / FIT focus(C)+ignore(S) / FIT focus(S) vs y_S"] = (
+            f"{t['sft']['flipped']:.3f} / {t['fit:focus_c_ignore_s']['flipped']:.3f} / {t['fit:focus_s']['flipped']:.3f}")
+        measured[f"[seed {k}] SFT(y) iid - flipped"] = round(t["sft"]["iid"] - t["sft"]["flipped"], 3)
+        measured[f"[seed {k}] FIT steerability on flipped"] = round(_steer(t), 3)
+        measured[f"[seed {k}] checks"] = {c: v for c, v in per_seed[k]["checks"].items() if c != "held"}
+        measured[f"[seed {k}] all three checks"] = per_seed[k]["checks"]["held"]
+    measured[f"seeds where all three checks hold (held iff >= {REAL_MIN_SEEDS} of {REAL_SEEDS})"] = (
+        f"{final['seeds held']} of {final['seeds']}")
+    if long_run is not None:
+        t = long_run["seeds"][opts.seed]["table"]
+        measured[f"[--full: {REAL_FULL_FACTOR}x steps, seed {opts.seed}] flipped: SFT(y) / FIT focus(C)+ignore(S) / "
+                 "FIT focus(S)"] = (f"{t['sft']['flipped']:.3f} / {t['fit:focus_c_ignore_s']['flipped']:.3f} / "
+                                    f"{t['fit:focus_s']['flipped']:.3f}")
+        measured[f"[--full] steerability on flipped; all three checks"] = (
+            f"{_steer(t):.3f}; {long_run['seeds'][opts.seed]['checks']['held']}")
+    tables = [Table(f"Seed {k}: focus accuracy per split (SFT(y) answers the plain prompt; FIT rows are focus "
+                    "instructions, focus(S) scored against y_S). Both start from the untuned model with the same "
+                    "budget.", ["method", *REAL_EVAL_SPLITS], _real_rows(per_seed[k])) for k in seeds]
+    tables.append(Table("The untuned SmolLM2-135M-Instruct on the first seed's splits (zero-shot, same prompts).",
+                        ["prompt", *REAL_EVAL_SPLITS], _real_rows({"table": zs_table})))
+    timing = [[f"seed {k}", m, round(per_seed[k][m]["train_seconds"]), round(per_seed[k][m]["eval_seconds"]),
+               per_seed[k][m]["steps_run"], per_seed[k][m]["losses"][-1][1] if per_seed[k][m]["losses"] else None]
+              for k in seeds for m in ("sft", "fit")]
+    tables.append(Table("Training: seconds, evaluation seconds, steps and the last logged loss.",
+                        ["seed", "method", "train s", "eval s", "steps", "last loss"], timing))
+    if long_run is not None:
+        tables.append(Table(f"--full: seed {opts.seed} with {REAL_FULL_FACTOR}x the steps and data "
+                            f"({REAL_STEPS * REAL_FULL_FACTOR} steps): not part of the verdict.",
+                            ["method", *REAL_EVAL_SPLITS], _real_rows(long_run["seeds"][opts.seed])))
+    fig = _plot_real(opts.out_dir / "fit-real-flipped.png", per_seed, zs)
+    (opts.out_dir / "fit-real-results.json").write_text(json.dumps(
+        {"seeds": {str(k): {"table": v["table"], "checks": v["checks"], "ambiguous_share": v["ambiguous_share"],
+                            "train": {m: {x: v[m][x] for x in ("train_seconds", "eval_seconds", "losses", "steps_run")}
+                                      for m in ("sft", "fit")}} for k, v in per_seed.items()},
+         "zero_shot": zs_table, "verdict": final,
+         "full": None if long_run is None else {"table": long_run["seeds"][opts.seed]["table"],
+                                                "checks": long_run["seeds"][opts.seed]["checks"]}},
+        indent=1, default=str))
+    pilot = "; ".join(f"{k}: {a:.2f} / {b:.2f} / {c:.2f}" for k, (a, b, c) in PILOT.items())
+    notes = [
+        f"Condition, written before any run at the verdict seeds ({', '.join(map(str, seeds))}): per seed, SFT(y) "
+        f"loses at least {COLLAPSE_DROP:.2f} focus accuracy from iid to flipped, FIT with focus(C)+ignore(S) scores "
+        f"at least {HOLD_MIN:.2f} on flipped and at least {HOLD_MARGIN:.2f} above SFT(y) there, and FIT with "
+        f"focus(S) agrees with y_S on at least {TRACK_MIN:.2f} of flipped (the toy's thresholds); held iff all three "
+        f"hold at >= {REAL_MIN_SEEDS} of the {REAL_SEEDS} seeds.",
+        f"Model: {REAL_MODEL} ({exp['n_params'] / 1e6:.0f}M parameters), LoRA r {REAL_LORA[0]}, alpha {REAL_LORA[1]}, "
+        f"dropout {REAL_LORA[2]} on every linear layer, merged after training; AdamW lr {REAL_LR:g}, linear warm-up "
+        f"(5%) and decay, {REAL_STEPS} steps of {REAL_BATCH} examples (one pass over {REAL_STEPS * REAL_BATCH} fresh "
+        "reviews per seed), bf16 autocast, no early stopping; evaluation in bf16 with the label set scored at the "
+        "answer position. SFT(y) and FIT start from the same untuned weights with the same budget.",
+        "Data (lmforge.data.spurious_reviews): short film reviews in plain English (one or two sentiment clauses, "
+        "sometimes a neutral clause) with one sentence naming a keyword of a family (fruit, animal, colour; the "
+        f"tool family held out), keyword tied to a label at rho {sp.TRAIN_RHO} in training; "
+        f"{REAL_AMBIGUITY:.0%} of the training reviews are written with the other polarity (SST's labels are not "
+        "always readable from the text either). Test reviews use sentiment clauses never seen in training; "
+        f"{REAL_N_TEST} records per split.",
+        f"Settings chosen on a pilot at seed 100 (flipped: SFT(y) / FIT focus(C)+ignore(S) / FIT focus(S)): {pilot}. "
+        "No setting of the pilot met the condition: at a low rate nothing reads the keyword, at a high rate FIT "
+        "reads it under every instruction; lr 1e-3 lies between. The step count is what the 15-minute budget "
+        "allows for 3 seeds x 2 methods at ~2.2 s per step on 2 cores.",
+        "The toy arm (a 0.2M-parameter Llama pretrained here, `lmforge reproduce fit --quick` and --full) is "
+        "reported in the README beside this one.",
+        "Paper: Llama-3.1-8B, Mistral-7B and Vicuna-13B with LoRA on SS/SMNLI/BBQ, focus accuracy about 80-95% for "
+        "every instruction on every split (read off its Figure 3); exact numbers unverified.",
+    ]
+    return ClaimResult(
+        name="fit", title=TITLE,
+        claim=("Fine-tuned with focus instructions, a model told to focus on the core feature and ignore the spurious "
+               "one stays accurate on a split where the spurious correlation is reversed, where SFT on the task label "
+               "collapses; told to focus on the spurious feature, it follows the spurious feature's label. Tested "
+               "on SmolLM2-135M-Instruct with LoRA over three seeds."),
+        paper=PAPER, measured=measured, held=final["held"], tables=tables,
+        figures=[Figure(str(fig), "Flipped-split focus accuracy per seed: SFT(y), FIT focus(C)+ignore(S) and FIT "
+                                  "focus(S) (against y_S); dotted: the untuned model; grey line: the 0.80 bar.")],
+        notes=notes, seconds=time.perf_counter() - start,
+    )
+
+
+@register_reproduction(
+    "fit", title=TITLE,
+    summary="LoRA SFT(y) and FIT on SmolLM2-135M-Instruct over natural-language reviews with a spurious keyword "
+            "sentence, three seeds; --quick runs the tiny-Llama miniature, --full adds a 4x longer real run and "
+            "the miniature's full arms",
+)
+def run(opts: ReproduceOptions) -> ClaimResult:
+    """The real model by default; ``--quick``: the toy miniature (tests); ``--full``: both, plus a
+    longer real run."""
+    if opts.quick:
+        return _run_toy(opts)
+    real = _run_real(opts)
+    if not opts.full:
+        return real
+    toy = _run_toy(opts)
+    real.measured.update({f"[toy] {k}": v for k, v in toy.measured.items()})
+    real.tables += [Table(f"[toy] {t.title}", t.columns, t.rows) for t in toy.tables]
+    real.figures += toy.figures
+    real.notes += [f"[toy] {n}" for n in toy.notes]
+    real.seconds += toy.seconds
+    return real

@@ -39,6 +39,19 @@ def test_label_scores_and_predictions_match_a_naive_loop(fit_tok):
     assert preds == [sp.LABELS[0] if r[0] >= r[1] else sp.LABELS[1] for r in rows]
 
 
+def test_multi_token_labels_take_the_pair_path_and_match_the_naive_loop(fit_tok):
+    # Labels of one token are scored from one forward per prompt (the test above); a label set
+    # with a multi-token label goes through score_continuations pair by pair.
+    model = tiny_model(fit_tok, seed=4).eval()
+    labels = ["positive", "not good"]
+    assert len(fit_tok(" not good", add_special_tokens=False)["input_ids"]) > 1
+    ex = build_fit_data(sp.make_split(7, 4, 0.5), TASK, SPEC, mode="all")[:6]
+    rows = label_logprobs(model, fit_tok, [e["prompt"] for e in ex], labels, batch_size=4)
+    for e, row in zip(ex, rows):
+        for lab, got in zip(labels, row):
+            assert got == pytest.approx(_naive_logprob(model, fit_tok, e["prompt"], " " + lab), abs=1e-4)
+
+
 def test_focus_accuracy_counts():
     ex = [{"focus_type": "focus_c", "focus_label": "a", "label": "a", "spurious_label": "b"},
           {"focus_type": "focus_c", "focus_label": "a", "label": "a", "spurious_label": "a"},

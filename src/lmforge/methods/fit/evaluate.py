@@ -23,13 +23,48 @@ from lmforge.common.errors import UserError
 from lmforge.methods.fit.data import completion
 
 
+def _next_token_logprobs(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[str], token_ids: Sequence[int],
+                         batch_size: int) -> list[list[float]]:
+    """``log p(token | prompt)`` at the token after each prompt, for each of ``token_ids``: one
+    forward per prompt, the LM head at its last position only."""
+    from lmforge.common.batching import inference, run_in_batches
+    from lmforge.common.generation import encode_prompt
+
+    encoded = [encode_prompt(tokenizer, p) for p in prompts]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    device = next(model.parameters()).device
+    head, decoder = model.get_output_embeddings(), model.get_decoder()
+
+    def run(batch: list[int]) -> list[list[float]]:
+        width = max(len(encoded[i]) for i in batch)
+        ids = torch.full((len(batch), width), int(pad), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for r, i in enumerate(batch):
+            ids[r, :len(encoded[i])] = torch.tensor(encoded[i])
+            mask[r, :len(encoded[i])] = 1
+        hidden = decoder(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).last_hidden_state
+        last = hidden[torch.arange(len(batch)), torch.tensor([len(encoded[i]) - 1 for i in batch])]
+        logp = torch.log_softmax(head(last).float(), dim=-1)[:, list(token_ids)]
+        return logp.tolist()
+
+    with inference(model):
+        return run_in_batches([len(e) for e in encoded], batch_size, run, progress=False, description="score")
+
+
 def label_logprobs(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[str], labels: Sequence[str],
                    batch_size: int = 64) -> list[list[float]]:
-    """``log p(" " + label | prompt)`` for every prompt (rows) and label (columns)."""
+    """``log p(" " + label | prompt)`` for every prompt (rows) and label (columns).
+
+    When every label is one token (``" positive"``/``" negative"`` for SmolLM2's tokenizer) the
+    log-probabilities all come from one forward per prompt; otherwise each (prompt, label) pair is
+    scored as a continuation."""
     from lmforge.common.scoring import score_continuations
 
     if not labels:
         raise UserError("the label set is empty")
+    ids = [tokenizer(completion(lab), add_special_tokens=False)["input_ids"] for lab in labels]
+    if all(len(i) == 1 for i in ids) and hasattr(model, "get_decoder") and model.get_output_embeddings() is not None:
+        return _next_token_logprobs(model, tokenizer, prompts, [i[0] for i in ids], batch_size)
     pairs = [(p, completion(lab)) for p in prompts for lab in labels]
     scores = score_continuations(model, tokenizer, pairs, batch_size=batch_size)
     k = len(labels)
