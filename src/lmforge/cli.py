@@ -675,6 +675,7 @@ def agent_minions(
     ledger = _ledger_factory(prices)()
     local_c, remote_c = _minions_clients(local, remote, remote_base_url, local_base_url, key_env, {protocol},
                                          local_max_tokens, remote_max_tokens)
+    _check_unchunked_fits(local_c, text, protocol, local_max_tokens)
     say = (lambda line: typer.echo(line, err=True)) if os.environ.get("LMFORGE_NO_PROGRESS") != "1" else (lambda line: None)
     try:
         rec = run_protocol(local_c, remote_c, text, question, cfg, ledger=ledger, log=say)
@@ -694,6 +695,21 @@ def agent_minions(
             raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
         if not as_json:
             typer.echo(f"saved to {out}")
+
+
+def _check_unchunked_fits(local_c: Any, text: str, protocol: str, local_max_tokens: int) -> None:
+    """MINION and local-only hand the local model the whole document (no chunking): refuse, before any
+    call is paid for, a document that does not fit the local model's positions with room to answer."""
+    if protocol not in ("minion", "local-only") or not hasattr(local_c, "context_limit"):
+        return
+    limit = local_c.context_limit()
+    if limit is None:
+        return
+    n = local_c.count_tokens(text)
+    if n + local_max_tokens > limit:
+        raise UserError(f"the document is {n} tokens and the local model has {limit} positions ({local_max_tokens} kept "
+                        f"for its answer); --protocol {protocol} gives it the whole document: use --protocol minions "
+                        "(chunked) or a shorter document")
 
 
 @bench_app.command("minions")

@@ -160,6 +160,13 @@ CASES: list[tuple[str, list[str], str]] = [
      "mode"),
     ("fit-data-bad-map", [*FIT_DATA, "--spurious-name", "the word", "--spurious-field", "w",
                           "--spurious-map", "{not json"], "--spurious-map"),
+    # FIT data without the named feature fields (the record has text, label, s and w only)
+    ("fit-data-no-spurious-label-field", [*FIT_DATA, "--spurious-name", "the word", "--spurious-label-field",
+                                          "keyword_label"], "keyword_label"),
+    ("fit-data-no-spurious-name-field", [*FIT_DATA, "--spurious-name-field", "family", "--spurious-label-field",
+                                         "s"], "family"),
+    ("fit-data-no-text-field", [*FIT_DATA, "--spurious-name", "the word", "--spurious-label-field", "s",
+                                "--text-field", "review"], "review"),
     ("fit-steps", ["align", "fit", "-m", NANO, "--data", "fitd.jsonl", "--out", "o", "--steps", "0"], "steps"),
     ("fit-val-fraction", ["align", "fit", "-m", NANO, "--data", "fitd.jsonl", "--out", "o",
                           "--val-fraction", "1.5"], "val"),

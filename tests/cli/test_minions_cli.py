@@ -190,3 +190,33 @@ def test_bench_resume_refuses_other_token_budgets_and_keeps_an_aborted_ledger(mo
     data = json.loads((out2 / "results.json").read_text())
     assert len(data["cells"]) == 1 and data["aborted"]["error"]
     assert "remote" in err  # the ledger table of the aborted question
+
+
+@pytest.mark.parametrize("protocol", ["minion", "local-only"])
+def test_unchunked_document_longer_than_the_local_context_is_refused_before_any_call(monkeypatch, capsys, remote,
+                                                                                     tmp_path, protocol):
+    from lmforge.models.load import load
+
+    model, tok = load("zoo:agent-nano")
+    limit = int(model.config.max_position_embeddings)
+    long_doc = tmp_path / "long.txt"
+    long_doc.write_text("The Cloud division reported revenue of 42 million dollars. " * (limit // 4))
+    assert len(tok(long_doc.read_text(), add_special_tokens=False)["input_ids"]) > limit
+    out = tmp_path / "run.json"
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code, stdout, err = call(monkeypatch, capsys, "agent", "minions", *_args(remote), "--protocol", protocol,
+                             "--doc", str(long_doc), "--question", "q", "--out", str(out))
+    assert code == 2
+    lines = [ln for ln in (stdout + err).splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and f"{limit} positions" in lines[0]
+    assert "--protocol minions" in lines[0]
+    assert remote.requests == [] and sorted(p.name for p in tmp_path.iterdir()) == before
+    # A document that fits runs (MINION's first remote call happens).
+    short = tmp_path / "short.txt"
+    short.write_text("The Cloud division reported revenue of 42 million dollars in 2023.")
+    code, _, err = call(monkeypatch, capsys, "agent", "minions", *_args(remote), "--protocol", protocol, "--doc",
+                        str(short), "--question", "q", "--local-max-tokens", "8")
+    if protocol == "local-only":
+        assert code == 0, err
+    else:
+        assert remote.requests  # MINION went on to its first remote call

@@ -334,8 +334,13 @@ def _as_kept_by_oracle(got: dict[str, Any], key: Key) -> float | None:
 
 
 def evaluate_reader(model: Any, tokenizer: Any, n: int = 200, *, seed: int = 0, chunk_chars: int = 800,
-                    batch_size: int = 16, max_new_tokens: int = 96) -> dict[str, float | None]:
+                    batch_size: int = 16, max_new_tokens: int = 96,
+                    render: Any = None) -> dict[str, float | None]:
     """Greedy decoding on ``n`` held-out jobs with ``chunk_chars``-character chunks (half positive).
+
+    ``render`` turns the worker's chat messages into the prompt text (an ``HFChatClient.render``, which
+    uses the tokenizer's chat template); None renders them plainly, as for a model without a template
+    (the jobs' own ``prompt``).
 
     Returns:
         ``valid_json`` (a JSON object came back); on the jobs whose chunk states the figure:
@@ -351,8 +356,13 @@ def evaluate_reader(model: Any, tokenizer: Any, n: int = 200, *, seed: int = 0, 
 
     rng = random.Random(f"docjob-eval:{seed}")
     jobs = [job(rng, (chunk_chars, chunk_chars), heldout=True, hops=2) for _ in range(n)]
-    outs = generate(model, tokenizer, [j.prompt for j in jobs], max_new_tokens=max_new_tokens,
-                    stop=["\nuser:", "\nsystem:", "\nassistant:"], batch_size=batch_size)
+    if render is None:
+        prompts, stop = [j.prompt for j in jobs], ["\nuser:", "\nsystem:", "\nassistant:"]
+    else:
+        prompts = [render([{"role": "user", "content": minions_worker(j.chunk, task_text(*j.key), ADVICE)}])
+                   for j in jobs]
+        stop = None
+    outs = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, stop=stop, batch_size=batch_size)
     res: dict[str, list[bool]] = {k: [] for k in ("valid", "answer", "citation", "read", "null", "hard",
                                                   "misleading", "correct")}
     for j, o in zip(jobs, outs):

@@ -256,6 +256,16 @@ class HFChatClient:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
+    def context_limit(self) -> int | None:
+        """The model's positions (None when its config does not say)."""
+        from lmforge.common.generation import max_positions
+
+        return max_positions(self.model)
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` under this model's tokenizer (no special tokens)."""
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
     def render(self, messages: list[dict[str, str]]) -> str:
         """The prompt text for ``messages``."""
         messages = _check_messages(messages)
