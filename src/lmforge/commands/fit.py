@@ -102,6 +102,10 @@ def fit_cmd(
     eval_every: Annotated[int, typer.Option(help="Steps between validation checks; 0 turns early stopping off.")] = 50,
     patience: Annotated[int, typer.Option(help="Checks without improvement before stopping; the best weights are kept.")] = 3,
     seed: Annotated[int, typer.Option(help="Seed of the data order and the validation split.")] = 0,
+    lora_r: Annotated[int, typer.Option(help="LoRA rank on every linear layer (PEFT; merged into the saved model); 0 trains every weight.")] = 0,
+    lora_alpha: Annotated[int, typer.Option(help="LoRA alpha (the update is scaled by alpha / r).")] = 32,
+    bf16: Annotated[bool, typer.Option(help="bfloat16 autocast (weights and optimizer state stay fp32); faster on CPUs with native bf16.")] = False,
+    trainer: Annotated[str, typer.Option(help="trl (TRL's SFTTrainer) | loop (same loss, LM head only at the answer tokens: faster on real vocabularies).")] = "trl",
     overwrite: Annotated[bool, typer.Option(help="Replace an existing output folder.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -110,13 +114,16 @@ def fit_cmd(
     \b
     Examples:
       lmforge align fit -m ./tiny --data fit.jsonl --out runs/fit --eval test-all.jsonl
+      lmforge align fit -m real:smollm2-135m-instruct --data fit.jsonl --out runs/fit-lora \\
+          --lora-r 16 --lr 1e-3 --bf16 --trainer loop --steps 50 --batch-size 16
     """
     from lmforge.common.io import check_output_dir
     from lmforge.methods.fit.apply import fit_model, read_jsonl
     from lmforge.methods.fit.config import FITConfig
 
     check_output_dir(out, overwrite)
-    cfg = FITConfig(steps=steps, lr=lr, batch_size=batch_size, eval_every=eval_every, patience=patience, seed=seed)
+    cfg = FITConfig(steps=steps, lr=lr, batch_size=batch_size, eval_every=eval_every, patience=patience, seed=seed,
+                    lora_r=lora_r, lora_alpha=lora_alpha, bf16=bf16, trainer=trainer)
     train = read_jsonl(data, "training data", required=("prompt", "completion"))
     ev = read_jsonl(eval_data, "evaluation data", required=("prompt", "focus_type", "focus_label")) \
         if eval_data is not None else None

@@ -87,3 +87,28 @@ def test_fit_trains_saves_and_evaluates(monkeypatch, capsys, tmp_path, tiny_dir)
     code, _, err = call(monkeypatch, capsys, "align", "fit", "-m", str(tiny_dir), "--data",
                         str(tmp_path / "fit.jsonl"), "--out", str(out), "--steps", "1")
     assert code == 2 and "already exists" in err
+
+
+def test_fit_lora_loop_saves_a_merged_plain_model(monkeypatch, capsys, tmp_path, tiny_dir):
+    import torch
+
+    from lmforge.models import load
+
+    torch.set_num_threads(1)
+    _records(tmp_path / "train.jsonl", 48, 0.9, "cli-lora")
+    assert _fit_data(monkeypatch, capsys, tmp_path / "train.jsonl", tmp_path / "fit.jsonl")[0] == 0
+    out = tmp_path / "run"
+    code, stdout, err = call(monkeypatch, capsys, "align", "fit", "-m", str(tiny_dir), "--data",
+                             str(tmp_path / "fit.jsonl"), "--out", str(out), "--steps", "4", "--batch-size", "8",
+                             "--eval-every", "0", "--lora-r", "2", "--trainer", "loop", "--lr", "0.05", "--json")
+    assert code == 0, err
+    res = json.loads(stdout)
+    assert res["config"]["lora_r"] == 2 and res["config"]["trainer"] == "loop" and res["train"]["steps_run"] == 4
+    # Saved merged: a plain checkpoint (no adapter files) whose attention weights moved by a rank-<=2
+    # update and whose embedding did not move (LoRA does not target it).
+    assert not (out / "adapter_config.json").exists()
+    before, _ = load(str(tiny_dir))
+    after, _ = load(str(out))
+    q0, q1 = (m.model.layers[0].self_attn.q_proj.weight.detach() for m in (before, after))
+    assert 0 < int(torch.linalg.matrix_rank(q1 - q0, rtol=1e-4)) <= 2
+    assert torch.equal(before.get_input_embeddings().weight, after.get_input_embeddings().weight)
