@@ -292,7 +292,8 @@ def compress_cmd(
     recipe: Annotated[Path | None, typer.Option(help="YAML file of method settings.")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Method setting key=value (e.g. act_order=true); repeatable.")] = None,
     no_ppl: Annotated[bool, typer.Option("--no-ppl", help="Skip the perplexity before/after.")] = False,
-    eval_dtype: Annotated[str, typer.Option("--eval-dtype", help="dtype of the perplexity report: auto (bfloat16 on a CPU with native bf16, else float32), float32 or bfloat16. Compression always runs in float32; the original's perplexity is cached per model and text.")] = "auto",
+    eval_dtype: Annotated[str, typer.Option("--eval-dtype", help="dtype of the perplexity report: auto (bfloat16 on a CPU with native bf16, else float32), float32 or bfloat16. Compression runs in float32 (see --calib-dtype); the original's perplexity is cached per model and text.")] = "auto",
+    calib_dtype: Annotated[str, typer.Option("--calib-dtype", help="dtype of the calibration forwards: float32, bfloat16 (bf16 autocast; Hessians still accumulate in float32/float64) or auto (bfloat16 on a CPU with native bf16).")] = "float32",
     no_layer_errors: Annotated[bool, typer.Option("--no-layer-errors", help="Skip the per-layer output errors (they need each input's full X^T X; Wanda, RTN and magnitude then keep only its diagonal).")] = False,
     export_compressed_tensors: Annotated[Path | None, typer.Option("--export-compressed-tensors", help="Also write a compressed-tensors checkpoint (vLLM) here, where the format allows.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace existing output folders.")] = False,
@@ -316,6 +317,10 @@ def compress_cmd(
         resolve_dtype(eval_dtype)
     except UserError:
         raise UserError(f"--eval-dtype must be one of {', '.join(DTYPE_CHOICES)}, not {eval_dtype!r}") from None
+    try:
+        resolve_dtype(calib_dtype)
+    except UserError:
+        raise UserError(f"--calib-dtype must be one of {', '.join(DTYPE_CHOICES)}, not {calib_dtype!r}") from None
     flags = {"bits": bits, "group_size": group_size, "sparsity": sparsity, "pattern": pattern}
     cfg = make_config(method, recipe=recipe, overrides=set_ or [], flags=flags)
     job = CompressionJob(
@@ -324,7 +329,7 @@ def compress_cmd(
         calib_file=None if calib_file is None else str(calib_file),
         eval_file=None if eval_file is None else str(eval_file),
         seed=seed, measure_ppl=not no_ppl, layer_errors=not no_layer_errors, overwrite=overwrite, allow_pickle=allow_pickle,
-        trust_remote_code=trust_remote_code, eval_dtype=eval_dtype,
+        trust_remote_code=trust_remote_code, eval_dtype=eval_dtype, calib_dtype=calib_dtype,
         export_compressed_tensors=None if export_compressed_tensors is None else str(export_compressed_tensors),
         progress=os.environ.get("LMFORGE_NO_PROGRESS") != "1",
     )

@@ -224,6 +224,10 @@ class CompressionJob:
     # The perplexity report's dtype: "auto" is bfloat16 on a CPU with native bf16 matmuls (or CUDA),
     # else float32; the compression itself always runs in float32.
     eval_dtype: str = "auto"
+    # The calibration forwards' dtype (lmforge.common.calibration.calibration_dtype): "float32" runs the
+    # decoder layers in float32; "bfloat16" under bf16 autocast (Hessians still accumulate in float32 or
+    # float64); "auto" is bfloat16 on a CPU with native bf16 matmuls (or CUDA), else float32.
+    calib_dtype: str = "float32"
 
 
 def _report_perplexity(model: nn.Module, tok: Any, eval_texts: list[str] | None, seq_len: int, seed: int,
@@ -351,7 +355,11 @@ def run_compression(job: CompressionJob) -> dict[str, Any]:
         report_seconds = time.perf_counter() - t0
     dense_bytes = _dense_linear_bytes(model)
     start = time.perf_counter()
-    result = method.apply(model, calib, job.config, progress=job.progress, layer_errors=job.layer_errors)
+    from lmforge.common.calibration import calibration_dtype
+
+    calib_dt = resolve_dtype(job.calib_dtype)
+    with calibration_dtype(None if calib_dt == torch.float32 else calib_dt):
+        result = method.apply(model, calib, job.config, progress=job.progress, layer_errors=job.layer_errors)
     seconds = time.perf_counter() - start
     if job.measure_ppl:
         # NOTE: measured before packing, on the dense weights the method left: they hold exactly the
@@ -370,6 +378,7 @@ def run_compression(job: CompressionJob) -> dict[str, Any]:
         config=asdict(job.config),
         calibration={
             "samples": job.calib_samples,
+            "dtype": str(calib_dt).removeprefix("torch."),
             "seq_len": seq_len,
             "tokens": result.n_calib_tokens,
             "source": calib_source,

@@ -67,6 +67,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("compress-set-without-value", ["compress", "gptq", "-m", NANO, "--set", "act_order"], "act_order"),
     ("compress-missing-model", ["compress", "gptq"], "--model"),
     ("compress-eval-dtype", ["compress", "gptq", "-m", NANO, "--eval-dtype", "fp16"], "--eval-dtype"),
+    ("compress-calib-dtype", ["compress", "gptq", "-m", NANO, "--calib-dtype", "fp16"], "--calib-dtype"),
     ("compress-bits-type", ["compress", "gptq", "-m", NANO, "--bits", "four"], "--bits"),
     ("compress-calib-file-missing", ["compress", "gptq", "-m", NANO, "--calib-file", "missing.jsonl"], "missing.jsonl"),
     ("compress-out-is-a-file", ["compress", "gptq", "-m", NANO, "--out", "f.txt"], "f.txt"),

@@ -355,3 +355,39 @@ def test_run_last_false_leaves_the_last_layer_unrun(models, tokenizer):
     for b, ref in enumerate(refs):
         mask = batches[b]["attention_mask"].bool() if isinstance(batches[b], dict) else slice(None)
         torch.testing.assert_close(last.hidden_states[b][mask], ref[-2][mask], atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_calibration_runs_layers_under_autocast_and_keeps_fp32_hessians(models, tokenizer):
+    from lmforge.common.calibration import calibration_dtype
+
+    model = models["llama"]
+    batches = calib_batches(len(tokenizer))
+    layer0 = get_decoder_layers(model)[0]
+    for _, layer, inputs in iterate_layers(model, batches):
+        plain = inputs.run(layer, 0)
+        with calibration_dtype(torch.bfloat16):
+            cast = inputs.run(layer, 0)
+            stats = accumulate_linear_stats(layer, inputs, dtype=torch.float32)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            by_hand = layer(inputs.hidden_states[0], *inputs.args[0], **inputs.kwargs[0])
+        by_hand = by_hand[0] if isinstance(by_hand, (tuple, list)) else by_hand
+        # The context's forward is exactly torch's bf16 autocast, and it is not the float32 forward.
+        assert torch.equal(cast, by_hand)
+        assert not torch.equal(cast, plain)
+        assert float((cast.float() - plain).abs().max()) < 0.1 * float(plain.abs().max())
+        # Statistics stay in their own dtype, close to the float32 forward's. The inputs of q/k/v and
+        # gate/up come from the RMSNorm, which Llama computes in float32 even under autocast, so their
+        # Hessians are the float32 ones; o_proj and down_proj read outputs of bf16 matmuls.
+        ref = accumulate_linear_stats(layer, inputs, dtype=torch.float32)
+        rels = {}
+        for name, acc in stats.items():
+            assert acc.hessian.dtype == torch.float32
+            rels[name] = float((acc.hessian - ref[name].hessian).norm() / ref[name].hessian.norm())
+            assert rels[name] < 0.05, name
+        assert rels["self_attn.o_proj"] > 0 and rels["mlp.down_proj"] > 0
+        break
+    assert layer is layer0
+    # Outside the context nothing is cast; a bad dtype is refused.
+    with pytest.raises(UserError, match="bfloat16 or float16"):
+        with calibration_dtype(torch.float64):
+            pass

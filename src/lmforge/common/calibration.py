@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +45,7 @@ from lmforge.common.progress import track
 
 __all__ = [
     "HessianAccumulator",
+    "calibration_dtype",
     "add_gram",
     "LayerInputs",
     "accumulate_linear_stats",
@@ -52,6 +55,29 @@ __all__ = [
     "iterate_layers",
     "linear_modules",
 ]
+
+
+_CALIB_DTYPE: ContextVar[torch.dtype | None] = ContextVar("lmforge_calibration_dtype", default=None)
+
+
+def _device_type(t: torch.Tensor) -> str:
+    return t.device.type if t.device.type in ("cpu", "cuda", "xpu") else "cpu"
+
+
+@contextmanager
+def calibration_dtype(dtype: torch.dtype | None) -> Iterator[None]:
+    """Run the calibration forwards of decoder layers (:meth:`LayerInputs.run`: the statistics
+    collection and the replay that feeds the next layer) under autocast to ``dtype`` (bfloat16 or
+    float16), as GPU GPTQ runs on half-precision activations. Statistics (Hessians) are still
+    accumulated in their own dtype (float32/float64), and the method's own math is outside autocast.
+    None (the default) runs the forwards in the model's dtype."""
+    if dtype not in (None, torch.bfloat16, torch.float16):
+        raise UserError(f"calibration dtype must be bfloat16 or float16 (or None), got {dtype}")
+    token = _CALIB_DTYPE.set(dtype)
+    try:
+        yield
+    finally:
+        _CALIB_DTYPE.reset(token)
 
 
 class _StopForward(Exception):
@@ -160,8 +186,12 @@ class LayerInputs:
         return total
 
     def run(self, layer: nn.Module, index: int) -> torch.Tensor:
-        """Run ``layer`` on batch ``index`` and return its output hidden states."""
-        out = layer(self.hidden_states[index], *self.args[index], **self.kwargs[index])
+        """Run ``layer`` on batch ``index`` and return its output hidden states (under the
+        :func:`calibration_dtype` autocast when one is active)."""
+        dtype = _CALIB_DTYPE.get()
+        with torch.autocast(_device_type(self.hidden_states[index]), dtype=dtype or torch.bfloat16,
+                            enabled=dtype is not None):
+            out = layer(self.hidden_states[index], *self.args[index], **self.kwargs[index])
         return out[0] if isinstance(out, (tuple, list)) else out
 
     def forward_all(self, layer: nn.Module) -> list[torch.Tensor]:
