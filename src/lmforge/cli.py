@@ -614,12 +614,13 @@ RemoteTokOpt = Annotated[int, typer.Option(help="Completion tokens per remote ca
 def _minions_clients(local: str, remote: str, remote_base_url: str | None, local_base_url: str | None,
                      key_env: str, protocol_set: set[str], local_max_tokens: int, remote_max_tokens: int) -> tuple[Any, Any]:
     from lmforge.methods.minions.apply import OPENAI_URL, make_client
+    from lmforge.methods.minions.jobs import JOB_OUTPUT_SCHEMA
 
     url = remote_base_url or os.environ.get("OPENAI_BASE_URL") or OPENAI_URL
     remote_c = None if protocol_set == {"local-only"} else make_client(
         remote, base_url=url, key_env=key_env, max_tokens=remote_max_tokens)
     local_c = None if protocol_set == {"remote-only"} else make_client(
-        local, base_url=local_base_url, require_key=False, max_tokens=local_max_tokens)
+        local, base_url=local_base_url, require_key=False, max_tokens=local_max_tokens, json_schema=JOB_OUTPUT_SCHEMA)
     return local_c, remote_c
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -151,6 +151,76 @@ def check_sampling_args(
             raise UserError(f"top_k must be >= 0 (0 disables it), got {top_k}")
 
 
+def _constrain(logits: torch.Tensor, sequences: list[list[int]],
+               allowed_tokens: Callable[[list[int]], Sequence[int]]) -> torch.Tensor:
+    """``logits`` with every token outside ``allowed_tokens(sequence)`` set to -inf, row by row."""
+    mask = torch.full_like(logits, float("-inf"))
+    for j, seq in enumerate(sequences):
+        ok = list(allowed_tokens(seq))
+        if not ok:
+            raise RuntimeError("the decoding constraint allows no token")
+        mask[j, torch.tensor(ok, dtype=torch.long, device=logits.device)] = 0.0
+    return logits + mask
+
+
+def enforcer_tokenizer_data(tokenizer: Any) -> Any:
+    """lm-format-enforcer's vocabulary tables for ``tokenizer`` (its ``TokenEnforcerTokenizerData``).
+
+    NOTE: written here because lm-format-enforcer 0.11's transformers integration imports
+    ``transformers.tokenization_utils``, which transformers 5 no longer has. Each regular token's
+    text is what it adds when decoded after an anchor token (so a word-initial token keeps its
+    leading space), and it starts a word when that text is longer than its text decoded alone.
+    """
+    from lmformatenforcer import TokenEnforcerTokenizerData
+
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    anchor = tokenizer.encode("0", add_special_tokens=False)[-1]
+    anchor_text = tokenizer.decode([anchor])
+    ids = [i for i in range(len(tokenizer)) if i not in special]
+    with_anchor = tokenizer.batch_decode([[anchor, i] for i in ids])
+    alone = tokenizer.batch_decode([[i] for i in ids])
+    regular = []
+    for i, both, one in zip(ids, with_anchor, alone):
+        if "\ufffd" in one or (any(ord(ch) < 32 for ch in one) and one.strip(" \t\n\r")):
+            # NOTE: a token that is part of a multi-byte character decodes to U+FFFD alone; the
+            # enforcer reads text, so such tokens would pass unchecked and let later characters
+            # (control characters inside a string) through. They are left out: the constrained reply
+            # then spells every character with whole-character tokens. Tokens mixing control
+            # characters with text are left out too (JSON strings cannot hold raw control
+            # characters); tokens of whitespace alone stay, for the space between JSON tokens.
+            continue
+        text = both[len(anchor_text):]
+        regular.append((i, text, len(text) > len(one)))
+
+    def decode(tokens: list[int]) -> str:
+        return tokenizer.decode(tokens).rstrip("\ufffd")  # a cut multi-byte character is not text yet
+
+    eos = tokenizer.eos_token_id
+    return TokenEnforcerTokenizerData(regular, decode, eos, False, len(tokenizer))
+
+
+def json_schema_constraint(tokenizer: Any, schema: dict[str, Any] | None = None,
+                           tokenizer_data: Any = None) -> Callable[[list[int]], Sequence[int]]:
+    """An ``allowed_tokens`` function for :func:`generate` that keeps each completion a JSON value
+    valid under ``schema`` (None: any JSON object), ending at EOS once it is complete.
+
+    Uses lm-format-enforcer's ``JsonSchemaParser`` and ``TokenEnforcer`` (checked first: transformers
+    has no JSON-schema decoding of its own; xgrammar needs triton on Linux). One constraint serves a
+    whole batch: its states are keyed by the token sequence, and the first call of a row (its prompt)
+    starts that row's parse. ``tokenizer_data`` (:func:`enforcer_tokenizer_data`) can be passed to
+    skip rebuilding the vocabulary tables (a few seconds for a 49k vocabulary).
+    """
+    from lmformatenforcer import JsonSchemaParser, TokenEnforcer
+
+    data = tokenizer_data if tokenizer_data is not None else enforcer_tokenizer_data(tokenizer)
+    enforcer = TokenEnforcer(data, JsonSchemaParser(schema))
+
+    def allowed(seq: list[int]) -> Sequence[int]:
+        return enforcer.get_allowed_tokens(seq).allowed_tokens
+
+    return allowed
+
+
 def _select_next(
     logits: torch.Tensor,
     do_sample: bool,
@@ -229,6 +299,7 @@ def generate(
     batch_size: int = 16,
     seed: int | None = None,
     progress: bool = False,
+    allowed_tokens: Callable[[list[int]], Sequence[int]] | None = None,
 ) -> list[GenerationOutput]:
     """Generate a completion for each prompt with a batched, KV-cached decode loop.
 
@@ -249,6 +320,9 @@ def generate(
         batch_size: rows per forward pass.
         seed: seeds the sampling generator; None uses torch's global RNG.
         progress: show a progress bar over batches.
+        allowed_tokens: constrained decoding: called with a row's token ids so far (its prompt's
+            ids, then what it generated) before every step, it returns the token ids the next one
+            may be; the others get probability 0 (e.g. :func:`json_schema_constraint`).
 
     Returns:
         One :class:`GenerationOutput` per prompt, in input order.
@@ -323,6 +397,7 @@ def generate(
             top_k=top_k,
             top_p=top_p,
             generator=generator,
+            allowed_tokens=allowed_tokens,
         )
 
     with inference(model):
@@ -345,6 +420,7 @@ def _generate_batch(
     top_k: int,
     top_p: float,
     generator: torch.Generator | None,
+    allowed_tokens: Callable[[list[int]], Sequence[int]] | None = None,
 ) -> list[GenerationOutput]:
     from transformers import DynamicCache
 
@@ -386,6 +462,8 @@ def _generate_batch(
         tail = 4 * max((len(s) for s in stops), default=0) + 8
 
         for step in range(max_new_tokens):
+            if allowed_tokens is not None:
+                logits = _constrain(logits, [rows[r] + generated[r, :step].tolist() for r in active], allowed_tokens)
             tok = _select_next(logits, do_sample, temperature, top_k, top_p, generator)
             generated[active_t, step] = tok
             done_rows: list[int] = []  # positions in `active`

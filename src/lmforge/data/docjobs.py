@@ -335,12 +335,14 @@ def _as_kept_by_oracle(got: dict[str, Any], key: Key) -> float | None:
 
 def evaluate_reader(model: Any, tokenizer: Any, n: int = 200, *, seed: int = 0, chunk_chars: int = 800,
                     batch_size: int = 16, max_new_tokens: int = 96,
-                    render: Any = None) -> dict[str, float | None]:
+                    render: Any = None, json_schema: dict[str, Any] | None = None,
+                    constrain: bool = False) -> dict[str, float | None]:
     """Greedy decoding on ``n`` held-out jobs with ``chunk_chars``-character chunks (half positive).
 
     ``render`` turns the worker's chat messages into the prompt text (an ``HFChatClient.render``, which
     uses the tokenizer's chat template); None renders them plainly, as for a model without a template
-    (the jobs' own ``prompt``).
+    (the jobs' own ``prompt``). ``constrain`` decodes under ``json_schema`` (None: any JSON object)
+    as :class:`~lmforge.methods.minions.clients.HFChatClient` does for ``json_mode`` calls.
 
     Returns:
         ``valid_json`` (a JSON object came back); on the jobs whose chunk states the figure:
@@ -362,7 +364,13 @@ def evaluate_reader(model: Any, tokenizer: Any, n: int = 200, *, seed: int = 0, 
         prompts = [render([{"role": "user", "content": minions_worker(j.chunk, task_text(*j.key), ADVICE)}])
                    for j in jobs]
         stop = None
-    outs = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, stop=stop, batch_size=batch_size)
+    allowed = None
+    if constrain:
+        from lmforge.common.generation import json_schema_constraint
+
+        allowed = json_schema_constraint(tokenizer, json_schema)
+    outs = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, stop=stop, batch_size=batch_size,
+                    allowed_tokens=allowed)
     res: dict[str, list[bool]] = {k: [] for k in ("valid", "answer", "citation", "read", "null", "hard",
                                                   "misleading", "correct")}
     for j, o in zip(jobs, outs):

@@ -474,3 +474,51 @@ def test_openai_bad_arguments_and_bad_body(server, key_env):
         client.chat(USER)
     with pytest.raises(UserError, match="OpenAI-compatible"):
         client.chat(USER)
+
+
+def _naive_constrained_greedy(model, tokenizer, prompt: str, allowed, n: int) -> list[int]:
+    """Reference: a full forward per token, the argmax over the allowed ids only."""
+    ids = tokenizer(prompt).input_ids
+    out: list[int] = []
+    with torch.no_grad():
+        for _ in range(n):
+            ok = list(allowed(ids + out))
+            logits = model(torch.tensor([ids + out])).logits[0, -1]
+            out.append(max(ok, key=lambda t: float(logits[t])))
+            if out[-1] == tokenizer.eos_token_id:
+                break
+    return out
+
+
+def test_json_mode_replies_are_valid_job_outputs_and_equal_naive_constrained_greedy(random_client):
+    # The random model writes noise unconstrained; with json_mode every reply must be a complete
+    # JobOutput (three keys, string or null values), and the batched engine must pick the same
+    # tokens as a naive loop that takes the argmax over the constraint's allowed ids.
+    import json
+
+    from lmforge.common.generation import json_schema_constraint
+    from lmforge.methods.minions.jobs import JOB_OUTPUT_SCHEMA
+
+    # JobOutput's shape with short strings, so that a random model's strings end within the budget.
+    short = {"type": "string", "maxLength": 6}
+    schema = {**JOB_OUTPUT_SCHEMA, "properties": {"explanation": short, "citation": {"anyOf": [short, {"type": "null"}]},
+                                                  "answer": {"anyOf": [short, {"type": "null"}]}}}
+    client = HFChatClient(random_client.model, random_client.tokenizer, max_tokens=120, batch_size=3,
+                          json_schema=schema)
+    free = HFChatClient(random_client.model, random_client.tokenizer, max_tokens=20, constrain_json=False)
+    assert all(not r.text.lstrip().startswith("{") for r in free.chat_batch(CONVERSATIONS[:2], json_mode=True))
+    replies = client.chat_batch(CONVERSATIONS, json_mode=True)
+    assert len(replies) == len(CONVERSATIONS)
+    assert all(r.done_reason == "stop" for r in replies), [r.text for r in replies]
+    for r in replies:
+        obj = json.loads(r.text)
+        assert set(obj) == {"explanation", "citation", "answer"}
+        assert isinstance(obj["explanation"], str)
+        assert all(obj[k] is None or isinstance(obj[k], str) for k in ("citation", "answer"))
+    tok = random_client.tokenizer
+    for conv, r in zip(CONVERSATIONS[:2], replies):
+        prompt = client.render(conv)
+        allowed = json_schema_constraint(tok, schema)
+        ref = _naive_constrained_greedy(random_client.model, tok, prompt, allowed, 120)
+        got = tok(r.text, add_special_tokens=False).input_ids
+        assert tok.decode(ref, skip_special_tokens=True) == r.text, (ref, got)

@@ -74,7 +74,7 @@ def is_local_model(spec: str) -> bool:
 
 def make_client(spec: str, *, base_url: str | None = None, key_env: str = "OPENAI_API_KEY",
                 require_key: bool = True, max_tokens: int = 256, timeout: float = 60.0,
-                max_retries: int = 3) -> ChatClient:
+                max_retries: int = 3, json_schema: dict[str, Any] | None = None) -> ChatClient:
     """A chat client for ``spec``.
 
     Args:
@@ -84,12 +84,15 @@ def make_client(spec: str, *, base_url: str | None = None, key_env: str = "OPENA
         require_key: a missing key is an error (local servers usually need none: pass False).
         max_tokens: completion tokens per call.
         timeout, max_retries: per request, for served models.
+        json_schema: for an in-process model, the schema its ``json_mode`` replies are decoded under
+            (the MINIONS worker: :data:`~lmforge.methods.minions.jobs.JOB_OUTPUT_SCHEMA`); None: any
+            JSON object.
 
     Raises:
         UserError: a served model without ``base_url``, a missing key.
     """
     if base_url is None and is_local_model(spec):
-        return HFChatClient.from_spec(spec, max_tokens=max_tokens)
+        return HFChatClient.from_spec(spec, max_tokens=max_tokens, json_schema=json_schema)
     if base_url is None:
         raise UserError(f"{spec!r} is not zoo:NAME or a local model folder; give the server's URL "
                         "(--remote-base-url / --local-base-url) to use it as a served model")

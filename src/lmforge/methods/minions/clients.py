@@ -193,9 +193,11 @@ class HFChatClient:
     Usage is exact: the prompt's tokens as the tokenizer encodes it (its BOS included) and the
     generated tokens (the final EOS included).
 
-    NOTE: ``json_mode`` cannot be enforced by a plain decode loop (the official client uses ollama's
-    JSON-schema decoding); it is accepted and ignored here, and callers validate with
-    :func:`chat_json`.
+    ``json_mode`` is enforced by constrained decoding, as the official local clients do with
+    ollama's JSON-schema output: every reply of a ``json_mode`` call is a JSON value valid under
+    ``json_schema`` (None: any JSON object), via lm-format-enforcer
+    (:func:`lmforge.common.generation.json_schema_constraint`). ``constrain_json=False`` turns it
+    off (the reply is then whatever the model writes, and callers validate with :func:`chat_json`).
 
     Args:
         model: a causal LM.
@@ -205,6 +207,9 @@ class HFChatClient:
         temperature: 0 for greedy decoding, else the sampling temperature.
         name: the name recorded in ledgers; the model folder's name when None.
         seed: seeds sampling (ignored when greedy).
+        json_schema: the JSON schema of ``json_mode`` replies (MINIONS workers: the JobOutput schema,
+            :data:`lmforge.methods.minions.jobs.JOB_OUTPUT_SCHEMA`); None allows any JSON object.
+        constrain_json: enforce ``json_mode`` by constrained decoding.
     """
 
     def __init__(
@@ -217,6 +222,8 @@ class HFChatClient:
         temperature: float = 0.0,
         name: str | None = None,
         seed: int | None = None,
+        json_schema: dict[str, Any] | None = None,
+        constrain_json: bool = True,
     ) -> None:
         _check_max_tokens(max_tokens)
         if batch_size < 1:
@@ -233,6 +240,9 @@ class HFChatClient:
             path = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
             name = Path(path).name or type(model).__name__
         self.name = name
+        self.json_schema = json_schema
+        self.constrain_json = bool(constrain_json)
+        self._enforcer_data: Any = None  # lm-format-enforcer's vocabulary tables, built on first use
         # One generation at a time: callers may share a client between threads.
         self._lock = threading.Lock()
 
@@ -285,7 +295,7 @@ class HFChatClient:
         json_mode: bool = False,
         max_tokens: int | None = None,
     ) -> list[ChatResponse]:
-        from lmforge.common.generation import generate
+        from lmforge.common.generation import enforcer_tokenizer_data, generate, json_schema_constraint
 
         _check_max_tokens(max_tokens)
         prompts = [self.render(c) for c in conversations]
@@ -293,6 +303,11 @@ class HFChatClient:
             return []
         sampling = self.temperature > 0
         with self._lock:
+            allowed = None
+            if json_mode and self.constrain_json:
+                if self._enforcer_data is None:
+                    self._enforcer_data = enforcer_tokenizer_data(self.tokenizer)
+                allowed = json_schema_constraint(self.tokenizer, self.json_schema, self._enforcer_data)
             outputs = generate(
                 self.model,
                 self.tokenizer,
@@ -303,6 +318,7 @@ class HFChatClient:
                 stop=None if self.has_chat_template else _PLAIN_STOPS,
                 batch_size=self.batch_size,
                 seed=self.seed,
+                allowed_tokens=allowed,
             )
         return [
             ChatResponse(

@@ -32,6 +32,7 @@ __all__ = [
     "Job",
     "JobManifest",
     "JobOutput",
+    "JOB_OUTPUT_SCHEMA",
     "SANDBOX_NAMES",
     "chunk_by_heading",
     "chunk_by_page",
@@ -97,6 +98,19 @@ def _as_text(value: Any) -> Optional[str]:
     if isinstance(value, (int, float, bool)):
         return json.dumps(value)
     return json.dumps(value, ensure_ascii=False)
+
+
+# The official ``JobOutput`` pydantic model's JSON schema (what its local clients pass to ollama's
+# ``format=``): ``explanation: str``, ``citation: str | None``, ``answer: str | None``, all required.
+JOB_OUTPUT_SCHEMA: Dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "explanation": {"type": "string"},
+        "citation": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        "answer": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+    },
+    "required": ["explanation", "citation", "answer"],
+}
 
 
 @dataclass
