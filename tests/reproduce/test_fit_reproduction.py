@@ -97,3 +97,13 @@ def test_fit_reproduction_quick(tmp_path: Path) -> None:
     assert len(res.figures) == len(ARMS)
     for f in res.figures:
         assert Path(f.path).stat().st_size > 1000
+
+
+def test_real_model_verdict_needs_two_of_three_seeds():
+    from lmforge.reproduce.fit import REAL_MIN_SEEDS, REAL_SEEDS, real_verdict
+
+    assert (REAL_MIN_SEEDS, REAL_SEEDS) == (2, 3)
+    ok, bad = {"held": True}, {"held": False}
+    assert real_verdict([ok, ok, bad]) == {"seeds held": 2, "seeds": 3, "held": True}
+    assert not real_verdict([ok, bad, bad])["held"]
+    assert real_verdict([ok, ok, ok])["seeds held"] == 3

@@ -511,8 +511,10 @@ def real_experiment(seed: int = 0, losses: tuple[str, ...] = LOSSES, n_train: in
 
 
 def _run_real(opts: ReproduceOptions) -> ClaimResult:
+    import sys
+
     start = time.perf_counter()
-    exp = real_experiment(opts.seed)
+    exp = real_experiment(opts.seed, log=(lambda m: print(m, file=sys.stderr, flush=True)) if opts.progress else None)
     base, results = exp["base"], exp["results"]
     best_other = min(results[k]["fkl"] for k in COMPARED if k != "distillm2")
     held = bool(results["distillm2"]["fkl"] < best_other)
