@@ -368,17 +368,19 @@ def _run_toy(opts: ReproduceOptions) -> ClaimResult:
 REAL_TEACHER = "real:smollm2-135m-instruct"
 REAL_KEEP = 10            # blocks the student keeps (Block Influence picks the 20 to remove)
 REAL_TRAIN, REAL_EVAL = 48, 32
-REAL_NEW_TOKENS = 48
-REAL_WARMUP_STEPS = 30    # the student's SFT on teacher responses before distillation (the paper SFTs first)
+REAL_NEW_TOKENS = 32
+REAL_PROMPT_TOKENS = 160  # rendered prompts longer than this are skipped (the CPU budget: ~2 s per step at this size)
+REAL_WARMUP_STEPS = 20    # the student's SFT on teacher responses before distillation (the paper SFTs first)
 REAL_EPOCHS, REAL_BATCH = 2, 4   # 4 pairs = 8 rows of up to ~400 tokens x 49k logits per step: what fits in 24 GB
 REAL_LR = 5e-4            # LoRA (r 16, alpha 128, the released config's), on every linear layer
 # The condition, written before the first real run: as the toy's, DistiLLM-2 reaches the lowest held-out
 # sequence KL(p||q) to the teacher of the four compared losses at the end of the common budget.
 
 
-def real_prompts(tok: Any, n: int, seed: int) -> list[str]:
+def real_prompts(tok: Any, n: int, seed: int, max_tokens: int = REAL_PROMPT_TOKENS) -> list[str]:
     """``n`` chat-rendered instructions drawn from the packaged real data: BFCL questions (the user turn),
-    HumanEval function stubs to complete, and requests to summarise an essay passage, in equal shares."""
+    HumanEval function stubs to complete, and requests to summarise an essay passage, in equal shares;
+    a prompt whose rendering is longer than ``max_tokens`` is skipped."""
     from lmforge.data import bfcl, essays
 
     rng = random.Random(f"distillm2-real:{seed}")
@@ -402,7 +404,11 @@ def real_prompts(tok: Any, n: int, seed: int) -> list[str]:
         stubs = []
     passages = [f"Summarise this passage in one sentence:\n\n{p}"
                 for p in essays.passages(tok, n, seed=seed, part="evaluation", chars=300, max_tokens=96)]
-    pools = [questions, stubs, passages]
+    def render(q: str) -> str:
+        return tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+
+    pools = [[r for r in (render(q) for q in pool) if len(tok(r)["input_ids"]) <= max_tokens]
+             for pool in (questions, stubs, passages)]
     out: list[str] = []
     i = 0
     while len(out) < n and any(pools):
@@ -410,13 +416,13 @@ def real_prompts(tok: Any, n: int, seed: int) -> list[str]:
         if pool:
             out.append(pool.pop(0))
         i += 1
-    return [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
-            for q in out]
+    return out
 
 
 def _warmup(student: Any, tok: Any, prompts: list[str], responses: list[tuple[str, list[int]]], steps: int,
             lr: float, seed: int, batch: int = 8) -> list[float]:
-    """SFT of the student on the teacher's responses (full fine-tuning, completion-only loss)."""
+    """SFT of the student on the teacher's responses (full fine-tuning, completion-only loss, bf16
+    autocast)."""
     import torch
 
     from lmforge.common.generation import encode_prompt
@@ -436,7 +442,8 @@ def _warmup(student: Any, tok: Any, prompts: list[str], responses: list[tuple[st
             ids[i, :len(a) + len(b)] = torch.tensor(a + b)
             labels[i, len(a):len(a) + len(b)] = torch.tensor(b)
             att[i, :len(a) + len(b)] = 1
-        loss = student(input_ids=ids, attention_mask=att, labels=labels).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = student(input_ids=ids, attention_mask=att, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -505,7 +512,7 @@ def real_experiment(seed: int = 0, losses: tuple[str, ...] = LOSSES, n_train: in
         t1 = _time.perf_counter()
         cfg = DistillConfig(loss=loss, alpha=ALPHA, beta=BETA, gjsd_beta=GJSD_BETA, epochs=epochs, lr=REAL_LR,
                             batch_size=REAL_BATCH, max_new_tokens=REAL_NEW_TOKENS, gen_batch_size=32, lora=True,
-                            seed=seed + 10)
+                            bf16=True, seed=seed + 10)
         res = distill(teacher, student0, tok, train_prompts, cfg, teacher_responses=t_train)
         model = res.student.merge_and_unload() if hasattr(res.student, "merge_and_unload") else res.student
         results[loss] = evaluate(model) | {"steps": len(res.history), "final_loss": res.history[-1]["loss"],
@@ -558,7 +565,9 @@ def _run_real(opts: ReproduceOptions) -> ClaimResult:
         "responses to the training prompts (full fine-tuning, lr 1e-4): the paper SFTs its student first.",
         f"Prompts: {REAL_TRAIN} training and {REAL_EVAL} held-out chat instructions from the packaged real data in "
         "equal shares: BFCL simple_python questions, HumanEval stubs to complete, and essay passages to summarise. "
-        f"Responses: at most {REAL_NEW_TOKENS} tokens, T 0.8, top-p 0.95 (the paper's sampling).",
+        f"Prompts longer than {REAL_PROMPT_TOKENS} tokens rendered are skipped. Responses: at most "
+        f"{REAL_NEW_TOKENS} tokens, T 0.8, top-p 0.95 (the paper's sampling). Forwards and backwards under bf16 "
+        "autocast, losses in float32.",
         f"Each loss: LoRA r 16, alpha 128 on every linear layer (the released config), lr {REAL_LR:g} (the paper's "
         f"5e-5 moves a LoRA student little in {REAL_EPOCHS} x {math.ceil(REAL_TRAIN / REAL_BATCH)} steps), "
         f"{REAL_EPOCHS} epochs of {REAL_BATCH} pairs, student responses regenerated each epoch; DistiLLM-2 with "

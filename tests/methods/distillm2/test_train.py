@@ -199,3 +199,16 @@ def test_load_prompts(tmp_path: Path) -> None:
     (tmp_path / "p.jsonl").write_text('{"prompt": "x"}\n{"text": "y"}\n')
     with pytest.raises(UserError, match="p.jsonl:2: missing field 'prompt'"):
         load_prompts(tmp_path / "p.jsonl")
+
+
+def test_bf16_autocast_first_step_loss_matches_float32(tiny) -> None:
+    """bf16=True runs the forwards under autocast: the first step's loss (same data, same start) is the
+    float32 one up to bf16 rounding, and not bit-identical (the flag does something)."""
+    teacher, student, tok = tiny
+    losses = {}
+    for flag in (False, True):
+        cfg = DistillConfig(epochs=1, batch_size=4, max_new_tokens=4, lr=1e-3, seed=3, bf16=flag)
+        res = T.distill(teacher, student, tok, prompts(4), cfg)
+        losses[flag] = res.history[0]["loss"]
+    assert losses[True] != losses[False]
+    assert losses[True] == pytest.approx(losses[False], rel=0.05)

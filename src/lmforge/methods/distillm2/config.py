@@ -49,6 +49,9 @@ class DistillConfig:
         lora, lora_r, lora_alpha, lora_dropout: train PEFT LoRA adapters on all linear layers.
         gen_batch_size: rows per generation batch.
         seed: seeds sampling and data order.
+        bf16: run the teacher's and the student's forwards (and the student's backward) under bf16
+            autocast; the losses are computed in float32 and the weights and optimizer state stay
+            float32. Faster on CPUs with native bf16.
     """
 
     loss: str = "distillm2"
@@ -74,6 +77,7 @@ class DistillConfig:
     lora_dropout: float = 0.05
     gen_batch_size: int = 32
     seed: int = 0
+    bf16: bool = False
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:

@@ -192,9 +192,10 @@ def distill(
         for i in range(steps_per_epoch):
             chunk = [pairs[j] for j in order[i * cfg.batch_size:(i + 1) * cfg.batch_size]]
             batch = collate_pairs(chunk, pad_id)
-            with torch.no_grad():
-                t_logits = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            s_logits = student(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+                with torch.no_grad():
+                    t_logits = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+                s_logits = student(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
             beta = L.beta_schedule(step, total, cfg.gradual_beta, cfg.beta)
             alpha = _alphas(cfg, epoch, s_logits, t_logits, batch, anchor)
             loss = batch_loss(cfg, s_logits.float(), t_logits.float(), batch, beta=beta, alpha=alpha)
