@@ -596,20 +596,22 @@ def _run_real(opts: ReproduceOptions) -> ClaimResult:
 @register_reproduction(
     "distillm2",
     title=TITLE,
-    summary="SmolLM2-135M-Instruct -> a 10-block SmolLM2 student with LoRA: DistiLLM-2 vs KL, GKD, skew KL; "
-            "--quick runs the Markov-language miniature, --full adds it at full size",
+    summary="2-layer teacher -> 1-layer student on a synthetic Markov language: DistiLLM-2 vs KL, GKD, skew KL; "
+            "--full adds SmolLM2-135M-Instruct -> a 10-block SmolLM2 student with LoRA (about 29 min)",
 )
 def run(opts: ReproduceOptions) -> ClaimResult:
-    """The real models by default; ``--quick``: the toy miniature (tests); ``--full``: both."""
-    if opts.quick:
-        return _run_toy(opts)
-    real = _run_real(opts)
-    if not opts.full:
-        return real
+    """The Markov miniature (``--quick`` shrinks it); ``--full`` adds the real-model run, which does not
+    fit the 15-minute budget on 2 cores (measured 29 min: each loss costs about 5 min, a third of it
+    sampling and evaluation)."""
     toy = _run_toy(opts)
-    real.measured.update({f"[toy] {k}": v for k, v in toy.measured.items()})
-    real.tables += [Table(f"[toy] {t.title}", t.columns, t.rows) for t in toy.tables]
-    real.figures += toy.figures
-    real.notes += [f"[toy] {n}" for n in toy.notes]
-    real.seconds += toy.seconds
-    return real
+    if not opts.full or opts.quick:
+        return toy
+    real = _run_real(opts)
+    toy.measured.update({f"[real] {k}": v for k, v in real.measured.items()})
+    toy.tables += [Table(f"[real] {t.title}", t.columns, t.rows) for t in real.tables]
+    toy.notes += [f"[real] {n}" for n in real.notes]
+    toy.seconds += real.seconds
+    # The verdict stays the miniature's (the condition the default run decides); the real run's own
+    # verdict is in the measured rows.
+    toy.measured["[real] held"] = real.held
+    return toy
