@@ -597,11 +597,11 @@ def _run_real(opts: ReproduceOptions) -> ClaimResult:
     "distillm2",
     title=TITLE,
     summary="2-layer teacher -> 1-layer student on a synthetic Markov language: DistiLLM-2 vs KL, GKD, skew KL; "
-            "--full adds SmolLM2-135M-Instruct -> a 10-block SmolLM2 student with LoRA (about 29 min)",
+            "--full adds SmolLM2-135M-Instruct -> a 10-block SmolLM2 student with LoRA (about 25 min)",
 )
 def run(opts: ReproduceOptions) -> ClaimResult:
     """The Markov miniature (``--quick`` shrinks it); ``--full`` adds the real-model run, which does not
-    fit the 15-minute budget on 2 cores (measured 29 min: each loss costs about 5 min, a third of it
+    fit the 15-minute budget on 2 cores (measured 25 min: each loss costs 3.5-5 min, a third of it
     sampling and evaluation)."""
     toy = _run_toy(opts)
     if not opts.full or opts.quick:
