@@ -178,6 +178,29 @@ def _seq_stats(teacher: Any, student: Any, tok: Any, prompts: list[str], samples
     return {k: torch.stack(v) for k, v in out.items()}
 
 
+def _distance_to_teacher(teacher: Any, student: Any, tok: Any, eval_prompts: list[str], t_eval: list[list[int]],
+                         jt: Any, seed: int, gen: dict[str, Any]) -> dict[str, Any]:
+    """Held-out sequence KL(p||q) on the fixed teacher samples ``t_eval``, reverse KL on the student's own
+    T = 1 samples, and the teacher-judged win rate of the student's T = 0.8 samples against the teacher's
+    (``jt``: the teacher's mean token log-probs of its own judged samples); ``fkl_per_prompt`` for paired
+    differences."""
+    from lmforge.methods.distillm2.data import sample_responses
+
+    n_eval = len(eval_prompts)
+    f = _seq_stats(teacher, student, tok, eval_prompts, t_eval)
+    s_own = [ids for _, ids in sample_responses(student, tok, eval_prompts, temperature=1.0, top_p=1.0,
+                                                seed=seed + 8, **gen)]
+    r = _seq_stats(teacher, student, tok, eval_prompts, s_own)
+    s_judge = [ids for _, ids in sample_responses(student, tok, eval_prompts, seed=seed + 9, **gen)]
+    js = _seq_stats(teacher, student, tok, eval_prompts, s_judge)["teacher_lp"]
+    win = ((js > jt).double() + 0.5 * (js == jt).double()).mean()
+    return {"fkl": float(f["fkl"].mean()), "fkl_se": float(f["fkl"].std() / math.sqrt(n_eval)),
+            "rkl": float(r["rkl"].mean()), "rkl_se": float(r["rkl"].std() / math.sqrt(n_eval)),
+            "win": 100.0 * float(win), "llr": float((js - jt).mean()),
+            "nll_own": float(-r["student_lp"].mean()), "len_own": sum(map(len, s_own)) / n_eval,
+            "fkl_per_prompt": f["fkl"]}
+
+
 def _plot(path: Path, curves: dict[str, list[tuple[int, float]]], title: str) -> Path:
     fig, ax = figure(figsize=(6.4, 3.6))
     for name, pts in curves.items():
@@ -226,17 +249,8 @@ def _run_toy(opts: ReproduceOptions) -> ClaimResult:
     jt = _seq_stats(teacher, teacher, tok, eval_prompts, t_judge)["teacher_lp"]
 
     def evaluate(student: Any) -> tuple[dict[str, float], Any]:
-        f = _seq_stats(teacher, student, tok, eval_prompts, t_eval)
-        s_own = [ids for _, ids in sample_responses(student, tok, eval_prompts, temperature=1.0, top_p=1.0,
-                                                    seed=seed + 8, **gen)]
-        r = _seq_stats(teacher, student, tok, eval_prompts, s_own)
-        s_judge = [ids for _, ids in sample_responses(student, tok, eval_prompts, seed=seed + 9, **gen)]
-        js = _seq_stats(teacher, student, tok, eval_prompts, s_judge)["teacher_lp"]
-        win = ((js > jt).double() + 0.5 * (js == jt).double()).mean()
-        return ({"fkl": float(f["fkl"].mean()), "fkl_se": float(f["fkl"].std() / math.sqrt(n_eval)),
-                 "rkl": float(r["rkl"].mean()), "rkl_se": float(r["rkl"].std() / math.sqrt(n_eval)),
-                 "win": 100.0 * float(win), "llr": float((js - jt).mean()),
-                 "nll_own": float(-r["student_lp"].mean()), "len_own": sum(map(len, s_own)) / n_eval}, f["fkl"])
+        out = _distance_to_teacher(teacher, student, tok, eval_prompts, t_eval, jt, seed, gen)
+        return out, out.pop("fkl_per_prompt")
 
     base, _ = evaluate(student0)
     results: dict[str, dict[str, float]] = {}
@@ -493,17 +507,10 @@ def real_experiment(seed: int = 0, losses: tuple[str, ...] = LOSSES, n_train: in
     warm = _warmup(student0, tok, train_prompts, t_train, warmup_steps, 1e-4, seed)
     say(f"warm-up SFT {warmup_steps} steps, loss {warm[0]:.3f} -> {warm[-1]:.3f}: {(_time.perf_counter() - t0):.0f} s")
 
-    def evaluate(student: Any) -> dict[str, float]:
-        f = _seq_stats(teacher, student, tok, eval_prompts, t_eval)
-        s_own = [ids for _, ids in sample_responses(student, tok, eval_prompts, temperature=1.0, top_p=1.0,
-                                                    seed=seed + 8, **gen)]
-        r = _seq_stats(teacher, student, tok, eval_prompts, s_own)
-        s_judge = [ids for _, ids in sample_responses(student, tok, eval_prompts, seed=seed + 9, **gen)]
-        js = _seq_stats(teacher, student, tok, eval_prompts, s_judge)["teacher_lp"]
-        win = ((js > jt).double() + 0.5 * (js == jt).double()).mean()
-        return {"fkl": float(f["fkl"].mean()), "fkl_se": float(f["fkl"].std() / math.sqrt(n_eval)),
-                "rkl": float(r["rkl"].mean()), "rkl_se": float(r["rkl"].std() / math.sqrt(n_eval)),
-                "win": 100.0 * float(win), "llr": float((js - jt).mean()), "per_prompt_fkl": f["fkl"].tolist()}
+    def evaluate(student: Any) -> dict[str, Any]:
+        out = _distance_to_teacher(teacher, student, tok, eval_prompts, t_eval, jt, seed, gen)
+        out["per_prompt_fkl"] = out.pop("fkl_per_prompt").tolist()
+        return out
 
     base = evaluate(student0)
     say(f"warm student: seq KL {base['fkl']:.3f}; {(_time.perf_counter() - t0):.0f} s")
