@@ -364,12 +364,14 @@ def test_bf16_calibration_runs_layers_under_autocast_and_keeps_fp32_hessians(mod
     batches = calib_batches(len(tokenizer))
     layer0 = get_decoder_layers(model)[0]
     for _, layer, inputs in iterate_layers(model, batches):
-        plain = inputs.run(layer, 0)
+        with torch.no_grad():
+            plain = inputs.run(layer, 0)
+            with calibration_dtype(torch.bfloat16):
+                cast = inputs.run(layer, 0)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                by_hand = layer(inputs.hidden_states[0], *inputs.args[0], **inputs.kwargs[0])
         with calibration_dtype(torch.bfloat16):
-            cast = inputs.run(layer, 0)
             stats = accumulate_linear_stats(layer, inputs, dtype=torch.float32)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            by_hand = layer(inputs.hidden_states[0], *inputs.args[0], **inputs.kwargs[0])
         by_hand = by_hand[0] if isinstance(by_hand, (tuple, list)) else by_hand
         # The context's forward is exactly torch's bf16 autocast, and it is not the float32 forward.
         assert torch.equal(cast, by_hand)
