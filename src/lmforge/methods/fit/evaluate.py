@@ -30,7 +30,12 @@ def _next_token_logprobs(model: torch.nn.Module, tokenizer: Any, prompts: Sequen
     from lmforge.common.batching import inference, run_in_batches
     from lmforge.common.generation import encode_prompt
 
-    encoded = [encode_prompt(tokenizer, p) for p in prompts]
+    from lmforge.common.generation import max_positions
+
+    limit = max_positions(model)
+    # As score_continuations: a prompt longer than the model's positions is cut from the left.
+    encoded = [ids[-limit:] if limit is not None and len(ids) > limit else ids
+               for ids in (encode_prompt(tokenizer, p) for p in prompts)]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     device = next(model.parameters()).device
     head, decoder = model.get_output_embeddings(), model.get_decoder()

@@ -192,11 +192,11 @@ def train_loop(model: torch.nn.Module, tokenizer: Any, examples: Sequence[dict[s
 
     The same completion-only loss, AdamW, linear warm-up and decay, batches drawn from a seeded
     shuffle epoch after epoch, LoRA and early stopping as the TRL path, but the LM head is applied
-    only where a completion token is predicted. NOTE: written because a real vocabulary makes
-    TRL's per-step work (full-sequence logits, entropy and token-accuracy metrics over 49k entries)
-    cost 1.6x this loop on SmolLM2 (measured: 2.9 s against 1.86 s per batch of 16 x 48 tokens,
-    bf16 autocast, 2 threads); the losses are the same quantity (tested against
-    :func:`validation_loss`).
+    only where a completion token is predicted. NOTE: written for speed on a real vocabulary. On
+    SmolLM2 (batch of 16 x 48 tokens, LoRA, bf16 autocast, 2 threads) a plain step that computes
+    the full-sequence logits, as TRL does, took 2.9 s against this loop's 1.86 s; TRL's
+    SFTTrainer, which adds entropy and token-accuracy metrics over the 49k entries, ran 10 steps
+    with two 40-example evaluations in 76 s. The loss and its gradient are TRL's (tested).
     """
     import random
     import time
