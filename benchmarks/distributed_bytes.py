@@ -40,17 +40,6 @@ RESULTS = REPO / "benchmarks" / "results"
 MODES = ("dp", "shared", "specific")
 
 
-def _lo_bytes() -> int | None:
-    try:
-        with open("/proc/net/dev") as fh:
-            for line in fh:
-                if line.strip().startswith("lo:"):
-                    return int(line.split(":")[1].split()[8])
-    except OSError:
-        return None
-    return None
-
-
 def _worker(rank: int, world: int, init: str, out: str, args: dict) -> None:
     torch.set_num_threads(1)
     from lmforge.data import essays
@@ -59,6 +48,7 @@ def _worker(rank: int, world: int, init: str, out: str, args: dict) -> None:
     from lmforge.methods.grad_transforms.distributed import (
         CommStats,
         build_worker_optimizer,
+        loopback_tx_bytes,
         data_parallel_step,
         distributed_step,
     )
@@ -84,14 +74,14 @@ def _worker(rank: int, world: int, init: str, out: str, args: dict) -> None:
             ids = windows[t * world + rank]
             model(input_ids=ids, labels=ids).loss.backward()
             dist.barrier()
-            lo0, t0 = _lo_bytes(), time.perf_counter()
+            lo0, t0 = loopback_tx_bytes(), time.perf_counter()
             if mode == "dp":
                 data_parallel_step(opt, stats)
             else:
                 distributed_step(opt)
             times.append(time.perf_counter() - t0)
             dist.barrier()
-            lo1 = _lo_bytes()
+            lo1 = loopback_tx_bytes()
             lo.append(None if lo0 is None or lo1 is None else lo1 - lo0)
         result[mode] = {**stats.as_dict(), "per_step_payload_bytes": stats.per_step,
                         "loopback_bytes_per_step": lo, "step_s": times, "median_step_s": statistics.median(times)}

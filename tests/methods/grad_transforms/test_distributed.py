@@ -46,22 +46,12 @@ def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (model(x) - y).pow(2).mean()
 
 
-def _lo_bytes() -> int | None:
-    try:
-        with open("/proc/net/dev") as fh:
-            for line in fh:
-                if line.strip().startswith("lo:"):
-                    return int(line.split(":")[1].split()[8])  # transmitted bytes
-    except OSError:
-        return None
-    return None
-
-
 def _worker(rank: int, world: int, init: str, out: str) -> None:
     torch.set_num_threads(1)
     from lmforge.methods.grad_transforms.distributed import (
         CommStats,
         build_worker_optimizer,
+        loopback_tx_bytes,
         data_parallel_step,
         distributed_step,
     )
@@ -76,7 +66,7 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
             opt = build_worker_optimizer(model, CFG, LR, worker_specific=mode == "specific")
             stats = opt.comm_stats
         dist.barrier()
-        lo0 = _lo_bytes()
+        lo0 = loopback_tx_bytes()
         for t in range(STEPS):
             opt.zero_grad()
             _loss(model, *_shard(rank, t)).backward()
@@ -85,7 +75,7 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
             else:
                 distributed_step(opt)
         dist.barrier()
-        lo1 = _lo_bytes()
+        lo1 = loopback_tx_bytes()
         moments = [tuple(s["exp_avg"].shape) for s in opt.state.values()]
         torch.save({"weights": [p.detach().clone() for p in model.parameters()],
                     "state_bytes": state_bytes(opt, include_projectors=False), "moment_shapes": moments,

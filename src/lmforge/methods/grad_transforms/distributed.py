@@ -71,6 +71,19 @@ class CommStats:
         return {"full_bytes": self.full, "low_bytes": self.low, "total_bytes": self.total, "calls": self.calls}
 
 
+def loopback_tx_bytes() -> int | None:
+    """Bytes the loopback interface has transmitted (``/proc/net/dev``, Linux), for measuring what
+    gloo moves between processes on one machine (headers included); None where unreadable."""
+    try:
+        with open("/proc/net/dev") as fh:
+            for line in fh:
+                if line.strip().startswith("lo:"):
+                    return int(line.split(":")[1].split()[8])
+    except (OSError, IndexError, ValueError):
+        return None
+    return None
+
+
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
