@@ -786,10 +786,14 @@ def bench_minions(
     typer.echo(f"results: {out / 'results.json'}")
 
 
-@app.command("train")
+from lmforge.commands.groups import train_app  # noqa: E402  (the group's subcommands live in lmforge.commands)
+
+
+@train_app.callback()
 def train_cmd(
-    model: Annotated[str, typer.Option("--model", "-m", help="A local HF causal-LM folder, zoo:NAME, or a folder a µS run saved.")],
-    out: Annotated[Path, typer.Option(help="Output model folder (with train.json: losses, optimizer-state bytes, FP8 counters).")],
+    ctx: typer.Context,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="A local HF causal-LM folder, zoo:NAME, or a folder a µS run saved.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Output model folder (with train.json: losses, optimizer-state bytes, FP8 counters).")] = None,
     data: Annotated[Path | None, typer.Option(help="Training text: .jsonl with a 'text' field, .json, or plain text (blank-line-separated documents). Default: lmforge's built-in zoo corpus.")] = None,
     steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 200,
     lr: Annotated[float, typer.Option(help="Peak learning rate (µS: of the embedding, norms and head; hidden layers get lr*sqrt(d_base/d)).")] = 1e-3,
@@ -813,13 +817,18 @@ def train_cmd(
     trust_remote_code: RemoteOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Train a causal LM with lmforge's optimizers (gradient transforms) or the µS parametrization.
+    """Train a causal LM with lmforge's optimizers (gradient transforms) or the µS parametrization;
+    subcommands train methods that need their own loop (`lmforge train omnibal`).
 
     \b
     Examples:
       lmforge train -m zoo:agent-nano --out runs/galore --optimizer galore --rank 16 --refresh 50
       lmforge train -m zoo:agent-nano --out runs/mus --parametrization mus --fp8 --lr 0.02
     """
+    if ctx.invoked_subcommand is not None:
+        return
+    if model is None or out is None:
+        raise UserError("lmforge train needs --model and --out (or a subcommand: see `lmforge train --help`)")
     from lmforge.common.trainer import TrainJob, run_training
 
     if tau is not None and not 0.0 < tau < 1.0:  # µS checks it too, but only once the model is loaded
@@ -975,9 +984,10 @@ def reproduce(
 def _add_shared_groups() -> None:
     """``lmforge align`` and ``lmforge reward``: their commands live in :mod:`lmforge.commands`."""
     from lmforge.commands import load_all
-    from lmforge.commands.groups import align_app, reward_app
+    from lmforge.commands.groups import align_app, reward_app, train_app
 
     load_all()
+    app.add_typer(train_app, name="train")
     if align_app.registered_commands:
         app.add_typer(align_app, name="align")
     if reward_app.registered_commands:

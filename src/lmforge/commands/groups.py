@@ -10,3 +10,6 @@ align_app = typer.Typer(help="Alignment and distillation: DistiLLM-2, Selective 
                         no_args_is_help=True)
 reward_app = typer.Typer(help="Reward models and what they reward: diverging preferences, RATE.",
                          no_args_is_help=True)
+# `lmforge train -m MODEL --out DIR` is the group's own callback (in lmforge.cli); its help is the
+# callback's docstring. Subcommands (`lmforge train omnibal`) are methods with their own loop.
+train_app = typer.Typer(invoke_without_command=True)
