@@ -217,3 +217,10 @@ def test_load_lengths_reads_the_official_wrap_file(tmp_path):
     (tmp_path / "wrap.json").write_text(json.dumps({"x": {"token_lengths": "d/x.json"}}))
     vit, tok = load_lengths(tmp_path / "wrap.json")
     assert vit.tolist() == [2] and tok.tolist() == [600]
+
+
+def test_sampler_from_result_equals_packing_again():
+    vit, tok = _lengths(600, 4)
+    a = ISFBatchSampler(vit, tok, 9, 896, rank=1, dp_size=2, rounds=7, seed=5)
+    b = ISFBatchSampler.from_result(isf(vit, tok, 9, 896, rounds=7, seed=5), rank=1, dp_size=2)
+    assert [list(x) for x in a] == [list(x) for x in b] and len(a) == len(b) > 0

@@ -38,10 +38,20 @@ class ISFBatchSampler(Sampler[list[int]]):
 
     def __init__(self, vit: np.ndarray, tok: np.ndarray, vit_cap: int, token_cap: int, rank: int = 0,
                  dp_size: int = 1, rounds: int = 50, seed: int = 1024, token_floor: int | None = None) -> None:
-        self.result: ISFResult = isf(vit, tok, vit_cap, token_cap, rounds=rounds, seed=seed,
-                                     token_floor=token_floor)
+        self._setup(isf(vit, tok, vit_cap, token_cap, rounds=rounds, seed=seed, token_floor=token_floor),
+                    rank, dp_size)
+
+    @classmethod
+    def from_result(cls, result: ISFResult, rank: int = 0, dp_size: int = 1) -> ISFBatchSampler:
+        """A sampler over groups ISF already made (no re-packing)."""
+        self = cls.__new__(cls)
+        self._setup(result, rank, dp_size)
+        return self
+
+    def _setup(self, result: ISFResult, rank: int, dp_size: int) -> None:
+        self.result = result
         self.rank, self.dp_size, self.epoch = rank, dp_size, 0
-        n = len(self.result.groups)
+        n = len(result.groups)
         if n < dp_size:
             raise ValueError(f"ISF made {n} groups, fewer than the {dp_size} data-parallel ranks")
         self.dropped = n - (n // dp_size) * dp_size

@@ -1,0 +1,176 @@
+"""OmniBal wiring: lengths → micro-batch plans, profile → BMP, memory → recompute plan, timed runs.
+
+The math lives in :mod:`.isf`, :mod:`.metrics`, :mod:`.bmp`, :mod:`.simulate` and :mod:`.recompute`;
+the runtime in :mod:`.pipeline`. This module joins them the way OmniBal's three steps follow one
+another (data balance, then model partition, then memory):
+
+* :func:`scale_samples` maps InternVL sample lengths onto the miniature model: a tile is
+  ``P`` tokens instead of InternVL's 256, and text shrinks by the same factor ``256 / P``.
+* :func:`packed_micro` (ISF groups, one packed sequence each) and :func:`padded_micro` (the
+  baseline: ``micro_bs`` samples padded to the longest, ``micro_bs · max L`` LLM positions) give
+  ``(n_tiles, T)`` micro-batches; :func:`step_plans` cuts them into steps.
+* :func:`layer_memory` measures each layer's parameter bytes, saved-activation bytes and ΔM (what
+  recompute saves) on one micro-batch; :func:`stage_memory` adds them up per stage under 1F1B
+  (stage ``s`` of ``p`` holds ``min(p − s, m)`` micro-batches' activations at its peak, and
+  AdamW keeps weights, gradients and two moments: 4× the parameter bytes).
+* :func:`recompute_plan` starts from full recompute and, per stage, turns it off for the layers
+  that maximise the saved forward time within the stage's free memory (an exact knapsack,
+  :func:`~lmforge.methods.omnibal.recompute.plan_stages`).
+
+NOTE: on a CPU there is no device memory to read, so "free memory" comes from a stated capacity
+(:func:`capacity_rule`) minus the modelled stage memory, not from the allocator; the paper reads it
+from the GPU after a full-recompute run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lmforge.methods.omnibal.pipeline import StepPlan, VLMConfig, build_layers, layout_of, micro_batch
+from lmforge.methods.omnibal.recompute import plan_stages, recompute_delta_bytes, saved_activation_bytes
+from lmforge.methods.omnibal.simulate import stage_costs
+
+TILE_TOKENS = 256  # InternVL: one 448-px tile is 256 LLM tokens
+ADAMW_STATE_FACTOR = 4  # weights, gradients, exp_avg, exp_avg_sq
+
+
+def scale_samples(vit: np.ndarray, tok: np.ndarray, patch_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(n_tiles, T)`` per sample for a model with ``patch_tokens`` tokens per tile.
+
+    InternVL's ``token_num`` counts 256 tokens per tile plus the text; the text is scaled by
+    ``patch_tokens / 256`` (at least one token, the loss needs one).
+    """
+    vit = np.asarray(vit, dtype=np.int64)
+    text = np.asarray(tok, dtype=np.int64) - TILE_TOKENS * vit
+    return vit, np.maximum(1, np.rint(text * patch_tokens / TILE_TOKENS)).astype(np.int64)
+
+
+def packed_micro(tiles: np.ndarray, text: np.ndarray, groups: Sequence[np.ndarray]) -> list[tuple[int, int]]:
+    """One packed micro-batch per group: the group's tiles and its text tokens, concatenated."""
+    return [(int(tiles[g].sum()), int(text[g].sum())) for g in groups]
+
+
+def padded_micro(tiles: np.ndarray, text: np.ndarray, batches: np.ndarray, patch_tokens: int
+                 ) -> tuple[list[tuple[int, int]], list[int]]:
+    """Baseline micro-batches: each row of ``batches`` (sample indices) padded to its longest sample.
+
+    The ViT sees every tile of the micro-batch (images are not padded); the LLM sees
+    ``rows · max L`` positions, written as text slots ``T = rows · max L − n_tiles · P`` (padding
+    costs what text costs). Returns the micro-batches and each one's real (unpadded) token count.
+    """
+    micro, real = [], []
+    for row in np.asarray(batches):
+        lens = tiles[row] * patch_tokens + text[row]
+        n = int(tiles[row].sum())
+        micro.append((n, int(len(row) * lens.max()) - n * patch_tokens))
+        real.append(int(lens.sum()))
+    return micro, real
+
+
+def step_plans(micro: Sequence[tuple[int, int]], n_micro: int, steps: int) -> list[StepPlan]:
+    """Cut a micro-batch stream into ``steps`` single-replica steps of ``n_micro``."""
+    if len(micro) < n_micro * steps:
+        raise ValueError(f"{len(micro)} micro-batches are too few for {steps} steps of {n_micro}")
+    return [StepPlan([list(micro[i * n_micro:(i + 1) * n_micro])]) for i in range(steps)]
+
+
+@dataclass
+class LayerMemory:
+    """Per layer of the flat list: parameter bytes, saved-activation bytes, and ΔM of recompute."""
+
+    param_bytes: list[int]
+    act_bytes: list[int]
+    delta_bytes: list[int]
+
+
+def example_input(cfg: VLMConfig, shape: tuple[int, int], seed: int = 0) -> tuple[list[torch.nn.Module], torch.Tensor]:
+    """The model's layers with their layout set for one micro-batch of ``(n_tiles, T)``, and its input."""
+    layers = build_layers(cfg, seed)
+    layout = layout_of(layers)
+    plan = StepPlan([[shape]])
+    layout.set_step(*plan.shape(0, cfg.patch_tokens))
+    layout.set_micro(*shape)
+    x, _ = micro_batch(cfg, plan, seed, 0, 0, 0)
+    return layers, x
+
+
+def layer_memory(layers: Sequence[torch.nn.Module], x: torch.Tensor) -> LayerMemory:
+    """Measure :class:`LayerMemory` on one micro-batch (layers run in order on each other's output)."""
+    mem = LayerMemory([], [], [])
+    h = x
+    for layer in layers:
+        inp = h.detach().requires_grad_(True)
+        mem.param_bytes.append(sum(p.numel() * p.element_size() for p in layer.parameters()))
+        mem.act_bytes.append(saved_activation_bytes(layer, inp))
+        mem.delta_bytes.append(recompute_delta_bytes(layer, inp))
+        with torch.no_grad():
+            h = layer(inp)
+    return mem
+
+
+def in_flight(n_stages: int, n_micro: int) -> list[int]:
+    """Micro-batches whose activations stage ``s`` holds at its 1F1B peak: ``min(p − s, m)``."""
+    return [min(n_stages - s, n_micro) for s in range(n_stages)]
+
+
+def stage_memory(mem: LayerMemory, boundaries: Sequence[int], recompute: set[int], n_micro: int) -> list[int]:
+    """Modelled peak bytes per stage: AdamW states plus in-flight activations.
+
+    A recomputed layer keeps ``act − ΔM`` (its input), one that is not keeps ``act``.
+    """
+    n = len(mem.param_bytes)
+    cuts = [0, *boundaries, n]
+    flight = in_flight(len(cuts) - 1, n_micro)
+    out = []
+    for s in range(len(cuts) - 1):
+        idx = range(cuts[s], cuts[s + 1])
+        states = ADAMW_STATE_FACTOR * sum(mem.param_bytes[i] for i in idx)
+        acts = sum(mem.act_bytes[i] - (mem.delta_bytes[i] if i in recompute else 0) for i in idx)
+        out.append(states + flight[s] * acts)
+    return out
+
+
+def capacity_rule(mem: LayerMemory, equal: Sequence[int], n_micro: int) -> int:
+    """The device capacity the reproduction assumes (fixed before any run).
+
+    Halfway between what the equal split's fullest stage needs with full recompute and without any:
+    full recompute fits, no recompute does not, as on the paper's GPUs.
+    """
+    everything = set(range(len(mem.param_bytes)))
+    full = max(stage_memory(mem, equal, everything, n_micro))
+    none = max(stage_memory(mem, equal, set(), n_micro))
+    return full + (none - full) // 2
+
+
+def recompute_plan(mem: LayerMemory, fwd_s: Sequence[float], boundaries: Sequence[int], capacity: int,
+                   n_micro: int, granularity: int = 1 << 12) -> set[int]:
+    """Layers that keep recompute ON: full recompute minus, per stage, the knapsack-chosen layers.
+
+    A layer's weight is ``ΔM × in-flight micro-batches`` of its stage; its value is its forward time
+    (what recompute repeats); a stage's budget is ``capacity`` minus its full-recompute memory.
+    """
+    n = len(mem.param_bytes)
+    cuts = [0, *boundaries, n]
+    flight = in_flight(len(cuts) - 1, n_micro)
+    everything = set(range(n))
+    free = [capacity - m for m in stage_memory(mem, boundaries, everything, n_micro)]
+    weights = [0] * n
+    for s in range(len(cuts) - 1):
+        for i in range(cuts[s], cuts[s + 1]):
+            weights[i] = mem.delta_bytes[i] * flight[s]
+    off = plan_stages(weights, list(fwd_s), list(boundaries), free, granularity)
+    return everything - {i for stage in off for i in stage}
+
+
+def with_recompute(fwd: Sequence[float], bwd: Sequence[float], recompute: set[int]) -> list[float]:
+    """Backward times when the layers in ``recompute`` repeat their forward first."""
+    return [b + (f if i in recompute else 0.0) for i, (f, b) in enumerate(zip(fwd, bwd, strict=True))]
+
+
+def slowest_stage(fwd: Sequence[float], bwd: Sequence[float], boundaries: Sequence[int]) -> float:
+    """The slowest stage's forward + backward time per micro-batch."""
+    return max(stage_costs([f + b for f, b in zip(fwd, bwd, strict=True)], list(boundaries)))
