@@ -109,6 +109,12 @@ CASES: list[tuple[str, list[str], str]] = [
     ("train-min-lr-ratio", ["train", "-m", NANO, "--out", "o", "--min-lr-ratio", "2"], "min"),
     ("train-warmup", ["train", "-m", NANO, "--out", "o", "--warmup", "-1"], "warmup"),
     ("train-data-missing", ["train", "-m", NANO, "--out", "o", "--data", "missing.txt"], "missing.txt"),
+    ("train-omnibal-lengths-missing", ["train", "omnibal", "--lengths", "missing.json", "--out", "o"], "missing.json"),
+    ("train-omnibal-stages", ["train", "omnibal", "--lengths", "internvl", "--out", "o", "--stages", "99"], "stages"),
+    ("train-omnibal-one-cap", ["train", "omnibal", "--lengths", "internvl", "--out", "o", "--token-cap", "4096"],
+     "both --vit-cap"),
+    ("train-omnibal-micro", ["train", "omnibal", "--lengths", "internvl", "--out", "o", "--stages", "4",
+                             "--micro-batches", "2"], "micro-batches"),
     # bench
     ("bench-data-onto-a-file", ["bench", "data", "f.txt"], "f.txt"),
     ("bench-data-unknown-task", ["bench", "data", "o", "--tasks", "nosuch"], "nosuch"),
