@@ -984,9 +984,10 @@ def reproduce(
 def _add_shared_groups() -> None:
     """``lmforge align`` and ``lmforge reward``: their commands live in :mod:`lmforge.commands`."""
     from lmforge.commands import load_all
-    from lmforge.commands.groups import align_app, reward_app, train_app
+    from lmforge.commands.groups import align_app, reward_app, top_app, train_app
 
     load_all()
+    app.registered_commands.extend(top_app.registered_commands)
     app.add_typer(train_app, name="train")
     if align_app.registered_commands:
         app.add_typer(align_app, name="align")

@@ -13,3 +13,6 @@ reward_app = typer.Typer(help="Reward models and what they reward: diverging pre
 # `lmforge train -m MODEL --out DIR` is the group's own callback (in lmforge.cli); its help is the
 # callback's docstring. Subcommands (`lmforge train omnibal`) are methods with their own loop.
 train_app = typer.Typer(invoke_without_command=True)
+# Top-level commands that live in a method's command module (``lmforge serve-sim``): lmforge.cli
+# copies them onto the app.
+top_app = typer.Typer()
