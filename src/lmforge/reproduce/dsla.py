@@ -37,7 +37,9 @@ from lmforge.reproduce.base import (ClaimResult, Figure, ReproduceOptions, Table
 TITLE = ("On-the-Fly Adaptive Distillation of Transformer to Dual-State Linear Attention "
          "(DSLA-Serve; Ro et al., ICML 2025)")
 REAL_MODEL = "real:smollm2-135m-instruct"
-K_LAYERS, LOCAL, JOINT, SEQ, BATCH, N_TRAIN, N_EVAL, EVAL_SEQ = 4, 60, 10, 128, 4, 64, 16, 256
+# NOTE: JOINT was 10 in the first full run, which took 17 min (over the 15-min budget); it was cut to 5
+# for time, with the conditions unchanged. The README reports both runs.
+K_LAYERS, LOCAL, JOINT, SEQ, BATCH, N_TRAIN, N_EVAL, EVAL_SEQ = 4, 60, 5, 128, 4, 64, 16, 256
 CONTEXTS = (1024, 4096, 8192)
 FRACTIONS = (0.0, 0.25, 0.5, 0.75)
 SPEEDUP = 1.3
@@ -198,9 +200,9 @@ def run(opts: ReproduceOptions) -> ClaimResult:
         "condition C (swap/unswap bit-identical)": held_c,
     }
     notes = [
-        "Conditions A-C are the issue's, fixed in the code before the run. Settings (4 layers, 60 local + 10 "
-        "joint steps per stage, 128-token windows) were sized from a one-layer pilot's time (about 9 s per "
-        "joint step at 256 tokens), not from its outcome.",
+        "Conditions A-C are the issue's, fixed in the code before the run. Settings (4 layers, 60 local + 5 "
+        "joint steps per stage, 128-token windows) were sized for time: a first full run with 10 joint steps "
+        "took 17 min (over the 15-min budget) and was not held either (README).",
         "The official code converts up to 75% of a 7B model's layers after long distillation runs on GPUs; "
         "here 4 of 30 layers get ~1 minute of CPU training each, so A is a small-budget test.",
         "Decode speed is measured with caches filled to the context (shapes, not values, set the cost); "
