@@ -82,3 +82,15 @@ def smollm2(smollm2_dir: Path):
     from lmforge.models.load import load
 
     return load("real:smollm2-135m-instruct")
+
+
+@pytest.fixture(autouse=True)
+def _grad_mode_is_restored():
+    """A test that switches autograd off globally (``torch.set_grad_enabled(False)`` outside a
+    ``with``) breaks every later test that trains: fail that test instead."""
+    import torch
+
+    yield
+    if not torch.is_grad_enabled():
+        torch.set_grad_enabled(True)
+        pytest.fail("this test left autograd switched off (torch.set_grad_enabled(False) without restoring it)")

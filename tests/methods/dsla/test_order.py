@@ -38,6 +38,7 @@ def tiny32(tiny):
     return copy.deepcopy(tiny).to(torch.float32)
 
 
+@torch.no_grad()
 def reference_entropies(model, ids: torch.Tensor) -> list[float]:
     """Per-layer entropy of the last token's attention row, from each layer's own inputs: q/k
     projections + RoPE recomputed here, softmax(q k^T / sqrt(d) + causal mask) in float64. One
@@ -56,7 +57,6 @@ def reference_entropies(model, ids: torch.Tensor) -> list[float]:
         for h in hooks:
             h.remove()
     cfg = model.config
-    torch.set_grad_enabled(False)
     d = cfg.hidden_size // cfg.num_attention_heads
     groups = cfg.num_attention_heads // cfg.num_key_value_heads
     n = ids.shape[0]
