@@ -65,6 +65,7 @@ def test_plan_only_run_writes_groups_that_cover_every_sample_once(tmp_path, monk
     assert set(rec["recomputed_layers"]) <= set(range(n))
 
 
+@pytest.mark.slow  # spawns gloo processes twice; `reproduce omnibal --quick` covers timed_run in the default suite
 def test_real_steps_report_the_throughput_ratio(tmp_path, monkeypatch, capsys):
     f = tmp_path / "lengths.json"
     _lengths(f, n=400)
@@ -77,3 +78,17 @@ def test_real_steps_report_the_throughput_ratio(tmp_path, monkeypatch, capsys):
     assert len(runs["baseline"]["step_seconds"]) == 2 == len(runs["omnibal"]["step_seconds"])
     assert report["speedup"] == pytest.approx(runs["omnibal"]["median_tokens_per_s"]
                                               / runs["baseline"]["median_tokens_per_s"])
+
+
+def test_a_large_capacity_plans_without_recompute(tmp_path, monkeypatch, capsys):
+    """A capacity far above what any stage needs: the knapsack (coarser units for large budgets) turns
+    recompute off everywhere."""
+    f = tmp_path / "lengths.json"
+    _lengths(f)
+    out = tmp_path / "out"
+    code, stdout, err = call(monkeypatch, capsys, "train", "omnibal", "--lengths", str(f), "--out", str(out),
+                             "--steps", "0", "--vit-cap", "9", "--token-cap", "2600", "--capacity-mb", "100000",
+                             *TINY, "--json")
+    assert code == 0, err
+    rec = json.loads(stdout)["recompute"]
+    assert rec["recomputed_layers"] == [] and rec["capacity_bytes"] == 100000 * 2**20

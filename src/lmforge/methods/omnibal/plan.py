@@ -147,7 +147,7 @@ def capacity_rule(mem: LayerMemory, equal: Sequence[int], n_micro: int) -> int:
 
 
 def recompute_plan(mem: LayerMemory, fwd_s: Sequence[float], boundaries: Sequence[int], capacity: int,
-                   n_micro: int, granularity: int = 1 << 12) -> set[int]:
+                   n_micro: int, granularity: int | None = None) -> set[int]:
     """Layers that keep recompute ON: full recompute minus, per stage, the knapsack-chosen layers.
 
     A layer's weight is ``ΔM × in-flight micro-batches`` of its stage; its value is its forward time
@@ -162,6 +162,8 @@ def recompute_plan(mem: LayerMemory, fwd_s: Sequence[float], boundaries: Sequenc
     for s in range(len(cuts) - 1):
         for i in range(cuts[s], cuts[s + 1]):
             weights[i] = mem.delta_bytes[i] * flight[s]
+    if granularity is None:  # 4 KiB, coarser for large budgets so the knapsack table stays small
+        granularity = max(1 << 12, -(-max(max(free), 1) // 200_000))
     off = plan_stages(weights, list(fwd_s), list(boundaries), free, granularity)
     return everything - {i for stage in off for i in stage}
 
