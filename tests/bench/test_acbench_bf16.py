@@ -42,6 +42,8 @@ def _run(out: Path, dtype: str) -> dict:
     return run_acbench(opts)
 
 
+# NOTE: slow (about 4 min of real-model ACBench cells, 30% of the default suite); `make test-slow` runs it.
+@pytest.mark.slow
 @pytest.mark.skipif(not cpu_has_fast_bf16(), reason="this CPU has no fast bf16 (AMX-BF16 / AVX512-BF16)")
 def test_smollm2_acbench_scores_in_bf16_are_within_noise_of_fp32(smollm2_dir: Path, tmp_path: Path) -> None:
     runs = {dt: _run(tmp_path / dt, dt) for dt in ("float32", "bfloat16")}
