@@ -421,7 +421,8 @@ def prune_layers_cmd(
     typer.echo(f"saved to {out} (layer_prune.json inside)")
 
 
-bench_app = typer.Typer(help="Benchmarks over models x compressions (ACBench).", no_args_is_help=True)
+from lmforge.commands.groups import bench_app  # noqa: E402 - methods add their benchmarks to it (bench citations)
+
 app.add_typer(bench_app, name="bench")
 
 

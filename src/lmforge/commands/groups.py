@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import typer
 
-align_app = typer.Typer(help="Alignment and distillation: DistiLLM-2, Selective DPO, Focus Instruction Tuning.",
+align_app = typer.Typer(help="Alignment and distillation: DistiLLM-2, Selective DPO, Focus Instruction Tuning, SelfCite.",
+                        no_args_is_help=True)
+# `lmforge bench`: ACBench and the data commands live in lmforge.cli; methods add their own
+# benchmarks here (`lmforge bench citations`).
+bench_app = typer.Typer(help="Benchmarks: ACBench over models x compressions, MINIONS, citation F1 (SelfCite).",
                         no_args_is_help=True)
 reward_app = typer.Typer(help="Reward models and what they reward: diverging preferences, RATE.",
                          no_args_is_help=True)
