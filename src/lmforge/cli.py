@@ -596,7 +596,8 @@ def bench_data(
 
 # ------------------------------------------------------------------------------------ Minions
 
-agent_app = typer.Typer(help="Agents: local-remote collaboration (Minions).", no_args_is_help=True)
+from lmforge.commands.groups import agent_app  # noqa: E402 - methods add their agent commands to it (agent udora)
+
 app.add_typer(agent_app, name="agent")
 
 LocalOpt = Annotated[str, typer.Option("--local", help="Local model: zoo:NAME or a local HF folder (in-process), or a model name served at --local-base-url.")]

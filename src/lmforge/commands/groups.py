@@ -12,6 +12,9 @@ align_app = typer.Typer(help="Alignment and distillation: DistiLLM-2, Selective 
 # benchmarks here (`lmforge bench citations`).
 bench_app = typer.Typer(help="Benchmarks: ACBench over models x compressions, MINIONS, citation F1 (SelfCite).",
                         no_args_is_help=True)
+# `lmforge agent`: Minions lives in lmforge.cli; methods add their own (`lmforge agent udora`).
+agent_app = typer.Typer(help="Agents: local-remote collaboration (Minions), red-teaming by reasoning hijack (UDora).",
+                        no_args_is_help=True)
 reward_app = typer.Typer(help="Reward models and what they reward: diverging preferences, RATE.",
                          no_args_is_help=True)
 # `lmforge train -m MODEL --out DIR` is the group's own callback (in lmforge.cli); its help is the

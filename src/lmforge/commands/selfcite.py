@@ -29,22 +29,9 @@ _DOCS_HELP = ("Documents: JSON list or JSON lines of objects with 'context' (the
 
 
 def _read_objects(path: Path, what: str) -> list[dict[str, Any]]:
-    from lmforge.common.io import parse_json_lines, parse_json_text, read_user_text
+    from lmforge.common.io import read_json_objects
 
-    raw = read_user_text(path, what)
-    stripped = raw.lstrip()
-    if stripped.startswith("["):
-        rows = list(enumerate(parse_json_text(path, raw), 1))
-    else:
-        rows = parse_json_lines(path, raw)
-    out = []
-    for line, obj in rows:
-        if not isinstance(obj, dict):
-            raise UserError(f"{path}:{line}: expected a JSON object")
-        out.append(obj)
-    if not out:
-        raise UserError(f"{path}: no {what} in the file")
-    return out
+    return read_json_objects(path, what)
 
 
 def _documents(path: Path) -> list[dict[str, Any]]:

@@ -214,3 +214,23 @@ def parse_json_lines(path: str | Path, raw: str) -> list[tuple[int, Any]]:
         except json.JSONDecodeError as exc:
             raise UserError(f"{path}:{i}: not valid JSON ({exc.msg})") from None
     return out
+
+
+def read_json_objects(path: str | Path, what: str) -> list[dict[str, Any]]:
+    """The objects of a user's JSON list or JSON-lines file (a file starting with ``[`` is a list);
+    a missing file, bad JSON, a non-object entry or an empty file is a one-line :class:`UserError`."""
+    path = Path(path)
+    raw = read_user_text(path, what)
+    if raw.lstrip().startswith("["):
+        data = parse_json_text(path, raw)
+        rows = list(enumerate(data if isinstance(data, list) else [data], 1))
+    else:
+        rows = parse_json_lines(path, raw)
+    out = []
+    for line, obj in rows:
+        if not isinstance(obj, dict):
+            raise UserError(f"{path}:{line}: expected a JSON object")
+        out.append(obj)
+    if not out:
+        raise UserError(f"{path}: no {what} in the file")
+    return out
