@@ -118,6 +118,21 @@ CASES: list[tuple[str, list[str], str]] = [
      "both --vit-cap"),
     ("train-omnibal-micro", ["train", "omnibal", "--lengths", "internvl", "--out", "o", "--stages", "4",
                              "--micro-batches", "2"], "micro-batches"),
+    # SelfCite and UDora
+    ("selfcite-bon-n", ["align", "selfcite-bon", "-m", NANO, "--data", "docs.jsonl", "--out", "o", "--n", "0"],
+     "N must be >= 1"),
+    ("selfcite-bon-no-context", ["align", "selfcite-bon", "-m", NANO, "--data", "prefs.jsonl", "--out", "o"],
+     "'context'"),
+    ("selfcite-simpo-identical", ["align", "selfcite-simpo", "-m", NANO, "--pairs", "same.jsonl", "--out", "o"],
+     "no usable pair"),
+    ("bench-citations-outside", ["bench", "citations", "--pred", "cite_pred.jsonl", "--gold", "cite_gold.jsonl"],
+     "outside the document"),
+    ("agent-udora-no-slot", ["agent", "udora", "-m", NANO, "--cases", "noslot.jsonl", "--out", "o"],
+     "exactly one {optim_str}"),
+    ("agent-udora-steps", ["agent", "udora", "-m", NANO, "--cases", "cases.jsonl", "--out", "o", "--steps", "0"],
+     "--steps must be > 0"),
+    ("agent-udora-tool", ["agent", "udora", "-m", NANO, "--cases", "cases.jsonl", "--out", "o", "--target-tool",
+                          "OrderPizza"], "has no tool"),
     # bench
     ("bench-data-onto-a-file", ["bench", "data", "f.txt"], "f.txt"),
     ("bench-data-unknown-task", ["bench", "data", "o", "--tasks", "nosuch"], "nosuch"),
@@ -229,6 +244,15 @@ FILES = {
     "fitd.jsonl": json.dumps({"prompt": "Q: ", "completion": "A"}) + "\n",
     "prefs.jsonl": json.dumps({"prompt": "1+1=", "chosen": "2", "rejected": "3"}) + "\n",
     "r.jsonl": json.dumps({"response": "a short answer", "w": 1}) + "\n",
+    "docs.jsonl": json.dumps({"context": "One fact. Another fact.", "query": "What?"}) + "\n",
+    "same.jsonl": json.dumps({"prompt": "q", "chosen": "<statement>a<cite>[0-0]</cite></statement>",
+                              "rejected": "<statement>a<cite>[0-0]</cite></statement>"}) + "\n",
+    "cite_pred.jsonl": json.dumps({"idx": 0, "prediction": "<statement>a<cite>[0-0]</cite></statement>"}) + "\n",
+    "cite_gold.jsonl": json.dumps({"idx": 0, "context": "One fact. Another fact.",
+                                   "statements": [{"statement": "a", "support": [5]}]}) + "\n",
+    "noslot.jsonl": json.dumps({"prompt": "Tools: SendPostcard. Observation: hi", "target": "SendPostcard"}) + "\n",
+    "cases.jsonl": json.dumps({"prompt": "Tools: SendPostcard. Observation: {optim_str}", "raw": True,
+                               "target": "SendPostcard"}) + "\n",
 }
 
 
