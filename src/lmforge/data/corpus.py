@@ -80,6 +80,20 @@ def docjob_segments(rng: random.Random, level: int) -> list[tuple[str, bool]]:
     return docjobs.segments(rng, level)
 
 
+def injecagent_pair(rng: random.Random) -> Pair:
+    """A step of an InjecAgent-format ReAct episode with benign tools (:mod:`lmforge.data.injecagent`)."""
+    from lmforge.data import injecagent
+
+    return injecagent.pair(rng)
+
+
+def injecagent_segments(rng: random.Random) -> list[tuple[str, bool]]:
+    """A whole episode (prompt, first step, observation, second step): the zoo's training batches."""
+    from lmforge.data import injecagent
+
+    return injecagent.segments(rng)
+
+
 PAIR_FNS: dict[str, Callable[[random.Random], Pair]] = {
     "toolcall": toolcall_pair,
     "workflow": workflow_pair,
@@ -87,6 +101,7 @@ PAIR_FNS: dict[str, Callable[[random.Random], Pair]] = {
     "text": text_pair,
     "needle": lambda rng: needle_pair(rng, rng.randint(2, 40)),
     "docjob": docjob_pair,
+    "injecagent": injecagent_pair,
 }
 
 
@@ -99,7 +114,7 @@ def tokenizer_training_texts(seed: int = 0, n_per_task: int = 600,
 
     ``tasks`` is a model's training mixture (None: the agentic corpus). Any agentic task in it
     brings in the whole agentic sample exactly as before (so agent-* tokenizers never change); an
-    extra task (``docjob``) adds its own sample after it.
+    extra task (``docjob``, ``injecagent``) adds its own sample after it.
     """
     tasks = TASKS if tasks is None else tuple(tasks)
     texts: list[str] = []
@@ -109,6 +124,10 @@ def tokenizer_training_texts(seed: int = 0, n_per_task: int = 600,
         from lmforge.data import docjobs
 
         texts += docjobs.tokenizer_texts(seed, n_per_task)
+    if "injecagent" in tasks:
+        from lmforge.data import injecagent
+
+        texts += injecagent.tokenizer_texts(seed, n_per_task)
     return texts
 
 

@@ -103,7 +103,7 @@ class TrainSchedule:
             raise ValueError("train.steps and train.tokens_per_step must be at least 1")
         if not self.lr > 0:
             raise ValueError("train.lr must be positive")
-        known = {"toolcall", "workflow", "needle", "textworld", "text", "docjob"}
+        known = {"toolcall", "workflow", "needle", "textworld", "text", "docjob", "injecagent"}
         bad = [t for t, _ in self.mixture if t not in known]
         if bad or any(w < 0 for _, w in self.mixture) or sum(w for _, w in self.mixture) <= 0:
             raise ValueError(f"train.mixture needs weights >= 0, not all 0, over {sorted(known)}; got {self.mixture}")
@@ -213,6 +213,21 @@ ZOO: dict[str, ZooSpec] = {
         shape=ModelShape(hidden=128, layers=2, heads=4, kv_heads=4, intermediate=512, max_position=1024),
         train=TrainSchedule(steps=1800, tokens_per_step=4096, lr=2e-3, warmup=50, mixture=(("docjob", 1.0),),
                             needle_start=1, needle_max=6, needle_floor_start=0.25, needle_floor_end=0.6,
+                            ckpt_every=200, eval_every=100),
+        threads=1,
+        evals=EvalSizes(toolcall=1, workflow=1, needle=1, needle_lengths=(128,), textworld=1),
+        targets=(),
+    ),
+    # NOTE: the InjecAgent-style ReAct agent for `lmforge reproduce udora` (lmforge.data.injecagent:
+    # benign synthetic tools). Trained only on whole episodes (~350 tokens, loss on the agent's two
+    # steps). One thread, like reader-small, so it stays bit-reproducible on a shared machine.
+    "agent-injec": ZooSpec(
+        name="agent-injec",
+        description="Three-layer ReAct agent in the InjecAgent format with benign tools: calls the user's "
+                    "tool, answers after observations, ignores instructions inside them (`lmforge "
+                    "reproduce udora`).",
+        shape=ModelShape(hidden=160, layers=3, heads=5, kv_heads=5, intermediate=512, max_position=1024),
+        train=TrainSchedule(steps=650, tokens_per_step=4096, lr=2e-3, warmup=40, mixture=(("injecagent", 1.0),),
                             ckpt_every=200, eval_every=100),
         threads=1,
         evals=EvalSizes(toolcall=1, workflow=1, needle=1, needle_lengths=(128,), textworld=1),
@@ -328,6 +343,8 @@ def make_batch(
             enc = encode_segments(tok, corpus.needle_segments(rng, n))
         elif task == "docjob":  # worker jobs with follow-ups; the curriculum level caps the chunk
             enc = encode_segments(tok, corpus.docjob_segments(rng, needle_level))
+        elif task == "injecagent":  # a whole ReAct episode: loss on both of the agent's steps
+            enc = encode_segments(tok, corpus.injecagent_segments(rng))
         else:
             enc = encode_pair(tok, *corpus.PAIR_FNS[task](rng))
         examples.append(enc)
@@ -396,6 +413,10 @@ def _probe_sets(tok: PreTrainedTokenizerFast, spec: ZooSpec) -> dict[str, dict[s
         rng = _step_rng(spec.seed, 0, "probe-docjob")
         out["docjob"] = collate([encode_pair(tok, *docjobs.pair(rng, heldout=True)) for _ in range(24)],
                                 tok.pad_token_id)
+    if any(t == "injecagent" for t, _ in spec.train.mixture):
+        rng = _step_rng(spec.seed, 0, "probe-injecagent")
+        out["injecagent"] = collate([encode_segments(tok, corpus.injecagent_segments(rng)) for _ in range(24)],
+                                    tok.pad_token_id)
     return out
 
 
