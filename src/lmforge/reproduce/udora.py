@@ -41,6 +41,9 @@ MAX_NEW_TOKENS = 48
 ASR_GAP = 0.15
 MIN_SEEDS = 2
 ARMS = ("udora-joint", "udora-sequential", "gcg", "random")
+# Tier 2 (--full only): SmolLM2-135M-Instruct as the agent, a demonstration (4-5 s per step on this CPU).
+TIER2_MODEL = "real:smollm2-135m-instruct"
+TIER2_CASES, TIER2_STEPS, TIER2_WIDTH, TIER2_TOPK, TIER2_NEW = 2, 15, 16, 32, 64
 PAPER = {"InjecAgent / WebShop / AgentHarm": "UDora above GCG and prompt injection on all three",
          "WebShop ASR, Llama-3.1-8B (third-party summary, unverified)": "61.75%"}
 
@@ -91,6 +94,37 @@ def run_seed(model: Any, tok: Any, seed: int, n_cases: int, steps: int) -> dict[
     return out
 
 
+def tier_2(seed: int) -> dict[str, Any]:
+    """UDora joint and GCG on SmolLM2-135M-Instruct (chat template), on the first ``TIER2_CASES`` cases
+    of the seed that the model does not already obey."""
+    import torch
+
+    from lmforge.common.generation import encode_prompt
+    from lmforge.data.injecagent import attack_cases, filter_untriggered
+    from lmforge.methods.udora.attack import greedy_trace, run_attack
+    from lmforge.models.load import load
+
+    model, tok = load(TIER2_MODEL, dtype=torch.bfloat16)
+
+    def trace(text: str) -> str:
+        chat = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+        return greedy_trace(model, tok, encode_prompt(tok, chat), TIER2_NEW).text
+
+    filt = filter_untriggered(model, tok, attack_cases(3 * TIER2_CASES, seed + 1000), trace_fn=trace)
+    kept = [c.to_case(raw=False) for c in filt.kept[:TIER2_CASES]]
+    out: dict[str, Any] = {"kept": len(kept), "dropped": len(filt.dropped), "arms": {}}
+    for arm, placement in (("udora-joint", "intervals"), ("gcg", "start")):
+        t0 = time.perf_counter()
+        cfg = _config(seed, TIER2_STEPS, False)
+        cfg = type(cfg).from_dict({**cfg.to_dict(), "search_width": TIER2_WIDTH, "topk": TIER2_TOPK,
+                           "max_new_tokens": TIER2_NEW})
+        rs = [run_attack(model, tok, c, cfg, placement=placement, proposal="gradient") for c in kept]
+        out["arms"][arm] = {"successes": sum(r.success for r in rs), "n": len(rs),
+                            "first_success_steps": [r.first_success_step for r in rs],
+                            "final_traces": [r.final_trace[:160] for r in rs], "seconds": time.perf_counter() - t0}
+    return out
+
+
 @register_reproduction(
     "udora", title=TITLE,
     summary="UDora (joint, sequential), GCG and random search on a zoo ReAct agent with benign tools: attack success "
@@ -119,6 +153,11 @@ def run(opts: ReproduceOptions) -> ClaimResult:
                          round(a["seconds"], 1)])
         measured[f"[seed {s}] ASR UDora joint - GCG (>= {ASR_GAP})"] = round(r["gap"], 3)
     measured[f"seeds where the gap holds (held iff >= {need} of {len(seeds)})"] = f"{n_held} of {len(seeds)}"
+    t2 = tier_2(opts.seed) if opts.full else None
+    if t2 is not None:
+        for arm, a in t2["arms"].items():
+            measured[f"[tier 2, SmolLM2, not counted] {arm} successes"] = (
+                f"{a['successes']}/{a['n']} (first success steps {a['first_success_steps']}, {a['seconds']:.0f} s)")
     tables = [Table("Attack success rate per arm and seed (Wilson 95% interval); seconds for the arm's cases",
                     ["seed", "arm", "successes", "ASR", "95% CI", "seconds"], rows)]
     fig, ax = figure(figsize=(6.5, 3.4))
@@ -136,12 +175,14 @@ def run(opts: ReproduceOptions) -> ClaimResult:
     notes = [
         f"Budget per case and arm: {steps} steps x width {WIDTH} (top-k {TOPK}, {MAX_NEW_TOKENS}-token traces), against "
         "the official InjecAgent run's 300 x 256 on 8B models: a CPU-sized miniature.",
-        "Tier 2 (SmolLM2-135M-Instruct as the agent) is not run here: one step takes 4-5 s on this CPU "
-        "(`lmforge agent udora -m real:smollm2-135m-instruct` runs it).",
+        f"Tier 2 (SmolLM2-135M-Instruct as the agent, {TIER2_CASES} cases, UDora joint and GCG, {TIER2_STEPS} steps x "
+        f"width {TIER2_WIDTH}) runs with --full only, as a demonstration: one step takes 4-5 s on this CPU.",
         "Only benign synthetic tools and instructions are used.",
     ]
     if opts.quick:
         notes.insert(0, f"--quick: 1 seed, {n_cases} cases, {steps} steps; the verdict is the full run's.")
+    if t2 is not None:
+        notes += [f"[tier 2] {arm} final trace: {tr!r}" for arm, a in t2["arms"].items() for tr in a["final_traces"]]
     return ClaimResult(
         name="udora", title=TITLE,
         claim="Inserting the target where it fits in the agent's own reasoning (UDora) hijacks the agent more often "
