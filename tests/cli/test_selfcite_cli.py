@@ -47,7 +47,8 @@ def test_bon_writes_reranked_responses_and_resumes(tmp_path, monkeypatch, capsys
     # gives what the uninterrupted run gave
     resumed = tmp_path / "resumed"
     resumed.mkdir()
-    (resumed / "bon.partial.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    # ... and a second line cut by the interruption (redone, never followed by appended rows)
+    (resumed / "bon.partial.jsonl").write_text(json.dumps(rows[0]) + "\n" + json.dumps(rows[1])[:40])
     code, out, err = call(monkeypatch, capsys, "align", "selfcite-bon", "-m", MODEL, "--data", str(data),
                           "--out", str(resumed), *FAST)
     assert code == 0, err

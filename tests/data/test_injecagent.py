@@ -10,6 +10,7 @@ import pytest
 
 from lmforge.data import corpus, injecagent as ia
 from lmforge.methods.udora.attack import SLOT, Case, render_prompt
+from lmforge.methods.udora.cases import to_case
 from lmforge.models import zoo
 
 
@@ -81,7 +82,7 @@ def test_attack_cases_follow_prepare_data():
         assert f"\nAction: {rec['User Tool']}\nAction Input: {rec['Tool Parameters']}\n" in c.prompt
         back = ia.AttackCase.from_json(json.loads(json.dumps(c.to_json())))
         assert back == c
-        case = c.to_case()
+        case = to_case(c)
         assert isinstance(case, Case) and case.raw and case.rule == "injecagent" and case.targets == [c.target]
         assert render_prompt(None, case) == c.prompt
         assert case.is_success(f"Thought: ok\nAction: {c.target}\n") and not case.is_success("Final Answer: ok")
@@ -111,7 +112,7 @@ def test_filter_drops_cases_that_trigger_without_the_attack():
         assert SLOT not in text
         return replies.get(text, "Thought: I now know the final answer\nFinal Answer: fine")
 
-    res = ia.filter_untriggered(None, None, cases, trace_fn=trace_fn)
+    res = ia.filter_untriggered(cases, trace_fn)
     assert [c.name for c in res.kept] == [c.name for c in cases[2:]]
     assert res.dropped == [(cases[0].name, "init"), (cases[1].name, "empty")] and res.n_dropped == 2
     assert len(calls) == 1 + 2 + 2 * 3  # case 0 stops at the init string

@@ -114,6 +114,10 @@ def selfcite_bon_cmd(
             except json.JSONDecodeError:
                 break  # a line cut by the interruption: redo that document
             done[str(row["idx"])] = row
+        # rewrite the partial file with the complete rows only, so appending never follows a cut line
+        from lmforge.common.io import atomic_write_text
+
+        atomic_write_text(partial, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in done.values()))
     summary = _run_bon(model, dtype, docs, done, out, partial, settings, reward, progress)
     if not as_json:
         typer.echo(f"{summary['documents']} documents, {summary['branches reranked']} citations reranked, "
