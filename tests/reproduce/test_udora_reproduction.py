@@ -13,7 +13,7 @@ from lmforge.reproduce.udora import ARMS, ASR_GAP, wilson
 
 
 def test_wilson_closed_forms():
-    z = 1.96
+    z = 1.959963984540054  # the 97.5% normal quantile
     assert wilson(0, 10) == pytest.approx((0.0, z * z / (10 + z * z)))  # k = 0: upper = z^2/(n+z^2)
     lo, hi = wilson(10, 10)
     assert hi == pytest.approx(1.0) and lo == pytest.approx(10 / (10 + z * z))

@@ -22,7 +22,6 @@ held when it holds at ≥ 2 of the 3 seeds (``--seed``, +1, +2). Wilson 95% inte
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -48,15 +47,14 @@ PAPER = {"InjecAgent / WebShop / AgentHarm": "UDora above GCG and prompt injecti
          "WebShop ASR, Llama-3.1-8B (third-party summary, unverified)": "61.75%"}
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion k/n."""
+def wilson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion k/n (scipy's ``binomtest(...).proportion_ci``)."""
     if n == 0:
         return (0.0, 1.0)
-    p = k / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    from scipy.stats import binomtest
+
+    ci = binomtest(k, n).proportion_ci(confidence_level=confidence, method="wilson")
+    return (float(ci.low), float(ci.high))
 
 
 def _config(seed: int, steps: int, sequential: bool) -> Any:

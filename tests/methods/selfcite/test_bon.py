@@ -88,3 +88,18 @@ def test_model_proposer_samples_n_per_prefix_and_stops_at_the_citation_end(small
     assert all("</cite>" not in t for row in out for t in row)
     again = ModelProposer(model, tok, BoNSettings(n=3, max_new_tokens=6, seed=1))(["<statement>a<cite>", "<statement>b<cite>"], 3)
     assert again == out  # seeded
+
+
+def test_pairwise_auroc_equals_sklearn_within_one_group_and_pools_pairs():
+    import random
+
+    from sklearn.metrics import roc_auc_score
+
+    from lmforge.methods.selfcite.experiment import pairwise_auroc
+
+    rng = random.Random(0)
+    pos = [round(rng.gauss(1, 1), 1) for _ in range(7)]  # rounded: ties occur and count one half
+    neg = [round(rng.gauss(0, 1), 1) for _ in range(9)]
+    assert pairwise_auroc([(pos, neg)]) == pytest.approx(roc_auc_score([1] * 7 + [0] * 9, pos + neg))
+    # two groups: the mean over all within-group pairs, never comparing across groups
+    assert pairwise_auroc([([1.0], [0.0, 2.0]), ([10.0], [9.0])]) == pytest.approx((1 + 0 + 1) / 3)
