@@ -176,6 +176,8 @@ def citation_rewards(model: Any, tokenizer: Any, items: Sequence[tuple[RewardQue
         drop_lp = scores[d].mean if d is not None else None
         reward = (hold_lp or 0.0) - (drop_lp or 0.0)
         n_tok = _cited_tokens(tokenizer, q.sentences, cited)
+        # NOTE: "more than one" counts cited sentences (the official ``len(to_drop)``), not spans as our
+        # notes and the issue paraphrase it: one long span of several sentences is penalised too.
         penalised = settings.length_limit > 0 and n_tok > settings.length_limit and len(cited) > 1
         if penalised:
             reward -= settings.penalty
