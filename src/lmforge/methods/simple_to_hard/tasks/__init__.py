@@ -21,7 +21,9 @@ images under ``images/``), which :mod:`lmforge.methods.simple_to_hard.supervisio
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -37,6 +39,31 @@ TASK_MODULES = {
     "grid_navigation": "lmforge.methods.simple_to_hard.tasks.grid_navigation",
     "visual_analogy": "lmforge.methods.simple_to_hard.tasks.visual_analogy",
 }
+
+
+@functools.lru_cache(maxsize=32)
+def font(size: int, bold: bool = False):
+    """DejaVu Sans (shipped with matplotlib, a dependency) or, failing that, PIL's own scalable font."""
+    from PIL import ImageFont
+
+    spec = importlib.util.find_spec("matplotlib")
+    if spec is not None and spec.origin:
+        ttf = Path(spec.origin).parent / "mpl-data" / "fonts" / "ttf" / ("DejaVuSans-Bold.ttf" if bold else "DejaVuSans.ttf")
+        if ttf.is_file():
+            return ImageFont.truetype(str(ttf), size)
+    return ImageFont.load_default(size)
+
+
+def check_rgb_image(image, task: str, size: tuple[int, int]) -> None:
+    """A :class:`UserError` unless ``image`` is an RGB PIL image of ``size`` (width, height)."""
+    from PIL import Image
+
+    if not isinstance(image, Image.Image):
+        raise UserError(f"{task}: expected a PIL image, got {type(image).__name__}")
+    if image.mode != "RGB":
+        raise UserError(f"{task}: image mode is {image.mode}, expected RGB")
+    if image.size != tuple(size):
+        raise UserError(f"{task}: image is {image.size[0]}x{image.size[1]}, expected {size[0]}x{size[1]}")
 
 
 def get_task(name: str) -> ModuleType:

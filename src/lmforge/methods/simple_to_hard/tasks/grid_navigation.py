@@ -85,15 +85,13 @@ are ignored).
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 from collections import deque
-from pathlib import Path
 
 import numpy as np
 
 from lmforge.common.errors import UserError
-from lmforge.methods.simple_to_hard.tasks import DATA_TYPES, check_level, check_sizes
+from lmforge.methods.simple_to_hard.tasks import DATA_TYPES, check_level, check_rgb_image, check_sizes
+from lmforge.methods.simple_to_hard.tasks import font as _font
 
 NAME = "grid_navigation"
 
@@ -613,19 +611,6 @@ _BORDER = 3  # cell border width in pixels (2 pt at 100 dpi)
 _TICK = 5
 
 
-@functools.lru_cache(maxsize=16)
-def _font(size: int):
-    """DejaVu Sans (shipped with matplotlib, a dependency) or, failing that, PIL's own scalable font."""
-    from PIL import ImageFont
-
-    spec = importlib.util.find_spec("matplotlib")
-    if spec is not None and spec.origin:
-        ttf = Path(spec.origin).parent / "mpl-data" / "fonts" / "ttf" / "DejaVuSans.ttf"
-        if ttf.is_file():
-            return ImageFont.truetype(str(ttf), size)
-    return ImageFont.load_default(size)
-
-
 def _glyphs(raw: dict) -> dict[int, str]:
     """Grid value -> symbol drawn in the cell (variation selectors dropped: the font draws the base glyph)."""
     objects, obstacles = _names(raw)
@@ -688,15 +673,7 @@ def render(raw: dict):
 
 def validate_image(image) -> None:
     """A grid image is a 1000 x 1000 RGB PIL image (the official 10 x 10 in figure at 100 dpi)."""
-    from PIL import Image
-
-    if not isinstance(image, Image.Image):
-        raise UserError(f"{NAME}: expected a PIL image, got {type(image).__name__}")
-    if image.mode != "RGB":
-        raise UserError(f"{NAME}: image mode is {image.mode}, expected RGB")
-    if image.size != IMAGE_SIZE:
-        raise UserError(f"{NAME}: image is {image.size[0]}x{image.size[1]}, expected "
-                        f"{IMAGE_SIZE[0]}x{IMAGE_SIZE[1]}")
+    check_rgb_image(image, NAME, IMAGE_SIZE)
 
 
 __all__ = ["NAME", "SIZES", "generate", "render", "conversation", "score", "validate_image", "simulate",

@@ -67,17 +67,15 @@ bold names, path cells yellow, the others ``#f5f5f5``.
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import random
 import re
 from collections.abc import Sequence
-from pathlib import Path
 
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw
 
 from lmforge.common.errors import UserError
-from lmforge.methods.simple_to_hard.tasks import DATA_TYPES, check_level, check_sizes
+from lmforge.methods.simple_to_hard.tasks import DATA_TYPES, check_level, check_rgb_image, check_sizes
+from lmforge.methods.simple_to_hard.tasks import font as _font
 
 NAME = "table_readout"
 
@@ -579,17 +577,6 @@ _MARGIN = 16
 _PAD = 6
 
 
-@functools.lru_cache(maxsize=64)
-def _font(size: int, bold: bool) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
-    """DejaVu Sans (shipped with matplotlib, a dependency) or, failing that, PIL's own scalable font."""
-    spec = importlib.util.find_spec("matplotlib")
-    if spec is not None and spec.origin:
-        ttf = Path(spec.origin).parent / "mpl-data" / "fonts" / "ttf" / ("DejaVuSans-Bold.ttf" if bold else "DejaVuSans.ttf")
-        if ttf.is_file():
-            return ImageFont.truetype(str(ttf), size)
-    return ImageFont.load_default(size)
-
-
 def _text_size(text: str, size: int, bold: bool) -> tuple[int, int]:
     box = _font(size, bold).getbbox(text)
     return box[2] - box[0], box[3] - box[1]
@@ -661,9 +648,4 @@ def render(raw: dict) -> Image.Image:
 
 def validate_image(image) -> None:
     """Raise :class:`UserError` unless ``image`` is a 1500x800 RGB PIL image (ours and the official's)."""
-    if not isinstance(image, Image.Image):
-        raise UserError(f"{NAME}: expected a PIL image, got {type(image).__name__}")
-    if image.mode != "RGB":
-        raise UserError(f"{NAME}: image mode is {image.mode}, expected RGB")
-    if image.size != (WIDTH, HEIGHT):
-        raise UserError(f"{NAME}: image size is {image.size[0]}x{image.size[1]}, expected {WIDTH}x{HEIGHT}")
+    check_rgb_image(image, NAME, (WIDTH, HEIGHT))

@@ -54,16 +54,14 @@ Differences from the official code, all deliberate:
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import random
 import re
-from pathlib import Path
 
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw
 
 from lmforge.common.errors import UserError
-from lmforge.methods.simple_to_hard.tasks import DATA_TYPES, check_level, check_sizes
+from lmforge.methods.simple_to_hard.tasks import DATA_TYPES, check_level, check_rgb_image, check_sizes
+from lmforge.methods.simple_to_hard.tasks import font as _font
 
 NAME = "visual_analogy"
 
@@ -723,17 +721,6 @@ CELL = PANEL + 2 * _GAP
 WIDTH, HEIGHT = 4 * CELL, 4 * CELL + CELL // 2  # official figure: 4 panel widths, 4.5 panel heights
 
 
-@functools.lru_cache(maxsize=4)
-def _font(size: int):
-    spec = importlib.util.find_spec("matplotlib")
-    if spec is not None and spec.origin:
-        ttf = Path(spec.origin).parent / "mpl-data" / "fonts" / "ttf" / "DejaVuSans.ttf"
-        if ttf.is_file():
-            return ImageFont.truetype(str(ttf), size)
-    return ImageFont.load_default(size)
-
-
-# Shape outlines in units of the size around the centre (utils.draw_polygon).
 _POLYGONS = {
     "triangle": ((0, -0.5), (0.577, 0.5), (-0.577, 0.5)),
     "pentagon": ((0, -0.5), (-0.525, -0.12), (-0.324, 0.496), (0.324, 0.496), (0.525, -0.12)),
@@ -804,9 +791,4 @@ def render(raw: dict) -> Image.Image:
 
 def validate_image(image) -> None:
     """Raise :class:`UserError` unless ``image`` is a ``WIDTH`` x ``HEIGHT`` RGB PIL image."""
-    if not isinstance(image, Image.Image):
-        raise UserError(f"{NAME}: expected a PIL image, got {type(image).__name__}")
-    if image.mode != "RGB":
-        raise UserError(f"{NAME}: image mode is {image.mode}, expected RGB")
-    if image.size != (WIDTH, HEIGHT):
-        raise UserError(f"{NAME}: image size is {image.size[0]}x{image.size[1]}, expected {WIDTH}x{HEIGHT}")
+    check_rgb_image(image, NAME, (WIDTH, HEIGHT))
