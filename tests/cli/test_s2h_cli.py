@@ -99,6 +99,8 @@ def test_train_s2h_saves_a_llava_checkpoint_and_bench_answers_one_image(tmp_path
     n_img = sum(k for (lv, dt), k in phase.counts.items() if dt != "text2answer")
     n_txt = sum(k for (lv, dt), k in phase.counts.items() if dt == "text2answer")
     assert meta["steps"] == -(-n_img // 32) + -(-n_txt // 32)
+    assert meta["phases"] == [{"option": 7, "epochs": 1, "repeat_simple": 1,
+                               "examples": {f"{lv} {dt}": k for (lv, dt), k in phase.counts.items()}}]
     assert len(meta["losses"]) == meta["steps"] and len(meta["alignment"]) >= 1
     assert all(-1.0 <= a["cos"] <= 1.0 for a in meta["alignment"])
     LlavaForConditionalGeneration.from_pretrained(out)  # loads in the ecosystem's class

@@ -96,15 +96,20 @@ def s2h_train(
     pools = experiment.make_pools(budget // 2, budget // 2, seed)
     ev = {"hard-image": mini.generate("HARD", 50, 10_000 + seed)}
     probe = experiment.hard_probe_batch(tok, mini.generate("HARD", 16, 40_000 + seed))
+    import os
+
     r = experiment.run_arm(model, tok, strategy, budget, pools, ev, probe, seed, cfg=TrainConfig(lr=lr, seed=seed),
-                           keep_model=True)
+                           keep_model=True, progress=os.environ.get("LMFORGE_NO_PROGRESS") != "1")
+    phases = [{"option": ph.option, "epochs": ph.epochs, "repeat_simple": ph.repeat_simple,
+               "examples": {f"{lv} {dt}": k for (lv, dt), k in ph.counts.items()}}
+              for ph in supervision.plan(strategy, budget)]
     tmp = out.with_name(out.name + ".tmp")
     import shutil
 
     shutil.rmtree(tmp, ignore_errors=True)
     vlm.save(r.model, tok, tmp, {"strategy": strategy, "budget": budget, "seed": seed, "lr": lr,
                                   "base": str(base or "vlm-nano")})
-    (tmp / "train.json").write_text(json.dumps({"steps": r.steps, "train_seconds": r.train_seconds,
+    (tmp / "train.json").write_text(json.dumps({"phases": phases, "steps": r.steps, "train_seconds": r.train_seconds,
                                                 "hard_image_accuracy_50": r.accuracy["hard-image"],
                                                 "alignment": r.alignment, "losses": r.losses}, indent=1))
     if out.exists():

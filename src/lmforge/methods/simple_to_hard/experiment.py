@@ -11,6 +11,7 @@ the same puzzles, so a strategy that mixes types sees one puzzle in several form
 from __future__ import annotations
 
 import copy
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,7 +84,7 @@ def evaluate(model, tok, puzzles: dict[str, list[mini.Puzzle]]) -> tuple[dict[st
 def run_arm(base, tok, strategy: str, budget: int, pools: dict[tuple[str, str], list[Example]],
             eval_puzzles: dict[str, list[mini.Puzzle]], hard_probe: dict[str, torch.Tensor], seed: int,
             cfg: TrainConfig | None = None, probes_per_phase: int = 4, probe_batch: int = 32,
-            keep_model: bool = False) -> ArmResult:
+            keep_model: bool = False, progress: bool = False) -> ArmResult:
     """Train a copy of ``base`` on ``strategy`` for ``budget`` examples and evaluate it."""
     model = copy.deepcopy(base)
     cfg = cfg or TrainConfig(seed=seed)
@@ -103,6 +104,9 @@ def run_arm(base, tok, strategy: str, budget: int, pools: dict[tuple[str, str], 
         at = {int(i * n_batches / probes_per_phase) for i in range(probes_per_phase)}
 
         def on_step(step: int, total: int, loss: float, _k=k, _data=data, _at=at) -> None:
+            if progress and (step % 50 == 0 or step == total - 1):
+                print(f"[s2h {strategy}] phase {_k + 1}/{len(phases)} step {step + 1}/{total} loss {loss:.3f} "
+                      f"({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
             if step in _at:
                 key = steps + step
                 g_h = g_hard_cache.setdefault(key, align.flat_grad(model, hard_probe))
