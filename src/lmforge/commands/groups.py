@@ -10,7 +10,7 @@ align_app = typer.Typer(help="Alignment and distillation: DistiLLM-2, Selective 
                         no_args_is_help=True)
 # `lmforge bench`: ACBench and the data commands live in lmforge.cli; methods add their own
 # benchmarks here (`lmforge bench citations`).
-bench_app = typer.Typer(help="Benchmarks: ACBench over models x compressions, MINIONS, citation F1 (SelfCite).",
+bench_app = typer.Typer(help="Benchmarks: ACBench over models x compressions, MINIONS, citation F1 (SelfCite), simple-to-hard visual reasoning (S2H).",
                         no_args_is_help=True)
 # `lmforge agent`: Minions lives in lmforge.cli; methods add their own (`lmforge agent udora`).
 agent_app = typer.Typer(help="Agents: local-remote collaboration (Minions), red-teaming by reasoning hijack (UDora).",
