@@ -133,6 +133,13 @@ CASES: list[tuple[str, list[str], str]] = [
      "--steps must be > 0"),
     ("agent-udora-tool", ["agent", "udora", "-m", NANO, "--cases", "cases.jsonl", "--out", "o", "--target-tool",
                           "OrderPizza"], "has no tool"),
+    ("s2h-data-task", ["bench", "s2h-data", "--task", "maze", "--out", "o"], "unknown S2H task"),
+    ("s2h-data-size", ["bench", "s2h-data", "--task", "table-readout", "--size", "rows=3..4", "--out", "o"],
+     "outside the generator's range"),
+    ("s2h-bench-image", ["bench", "s2h", "--image", "cite_pred.jsonl", "--start", "a1", "--end", "b2"],
+     "cannot read"),
+    ("s2h-train-strategy", ["train", "s2h", "--strategy", "mix++", "--out", "o"], "unknown strategy"),
+    ("s2h-base-steps", ["train", "s2h-base", "--out", "o", "--steps", "0"], "--steps must be at least 1"),
     # bench
     ("bench-data-onto-a-file", ["bench", "data", "f.txt"], "f.txt"),
     ("bench-data-unknown-task", ["bench", "data", "o", "--tasks", "nosuch"], "nosuch"),

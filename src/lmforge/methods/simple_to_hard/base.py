@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -76,7 +77,8 @@ def build_base(out: Path, steps: int = 3000, seed: int = 0, overwrite: bool = Fa
 
     def report(step: int, total: int, loss: float) -> None:
         if progress and (step % 100 == 0 or step == total - 1):
-            print(f"[s2h-base] step {step + 1}/{total} loss {loss:.3f} ({time.time() - t0:.0f} s)", flush=True)
+            print(f"[s2h-base] step {step + 1}/{total} loss {loss:.3f} ({time.time() - t0:.0f} s)", file=sys.stderr,
+                  flush=True)
 
     losses = train(model, tok, examples, 1.0, cfg, on_step=report)
     card = {"name": BASE_NAME, "recipe": {"steps": steps, "batch_size": cfg.batch_size, "lr": cfg.lr, "seed": seed,

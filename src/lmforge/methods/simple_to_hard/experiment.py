@@ -93,7 +93,6 @@ def run_arm(base, tok, strategy: str, budget: int, pools: dict[tuple[str, str], 
     losses: list[float] = []
     steps = 0
     t0 = time.time()
-    g_hard_cache: dict[int, torch.Tensor] = {}
     for k, phase in enumerate(phases):
         data = supervision.compose(phase, pools)
         probe_ids = list(range(min(probe_batch, len(data))))
@@ -109,7 +108,7 @@ def run_arm(base, tok, strategy: str, budget: int, pools: dict[tuple[str, str], 
                       f"({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
             if step in _at:
                 key = steps + step
-                g_h = g_hard_cache.setdefault(key, align.flat_grad(model, hard_probe))
+                g_h = align.flat_grad(model, hard_probe)
                 g_t = align.flat_grad(model, make_batch(tok, _data, probe_ids))
                 aligns.append({"phase": _k, "step": key, "cos": align.cosine(g_t, g_h),
                                "drop": align.predicted_drop(g_t, g_h, cfg.lr)})

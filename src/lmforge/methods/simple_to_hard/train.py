@@ -3,8 +3,12 @@
 A training example is ``(human, gpt, image)``: the LLaVA conversation's two turns and the image array
 (None for text records). The loss is the mean cross-entropy on the response tokens and EOS (LLaVA's
 completion-only loss). The loop follows the official ``train_template.sh``: AdamW with weight decay 0,
-warm-up ratio 0.03 and a cosine schedule; the official ``group_by_modality_length`` sampler is kept
-(each batch holds image records or text records, not both).
+warm-up ratio 0.03 and a cosine schedule. Batches are grouped by modality as the official
+``group_by_modality_length`` sampler groups them (each batch holds image records or text records, not
+both).
+
+# NOTE: the official sampler also groups by length within a modality (LLaVA's megabatches); here the
+# order within a modality is random: at 1-2 minutes per arm the padding it would save is small.
 
 # NOTE: the official learning rate (2e-5, batch 128) fine-tunes an 8B model; a ~1M-parameter model
 # trained for minutes needs a larger step: lr 3e-4, batch 32. Measured here: at 1e-3 the image path
