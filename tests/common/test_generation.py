@@ -197,3 +197,37 @@ def test_prompt_that_starts_with_bos_text_gets_no_second_bos(small):
     assert plain[0] == tok.bos_token_id and plain[1] != tok.bos_token_id
     rendered = encode_prompt(tok, tok.bos_token + "Task: email Anna.")
     assert rendered == plain
+
+
+def test_prompt_ids_give_the_same_tokens_as_text_prompts(models, tokenizer):
+    model = models["llama"]
+    ids = [tokenizer(p).input_ids for p in PROMPTS]
+    by_text = generate(model, tokenizer, PROMPTS, max_new_tokens=8, batch_size=3)
+    by_ids = generate(model, tokenizer, prompt_ids=ids, max_new_tokens=8, batch_size=3)
+    assert [o.token_ids for o in by_ids] == [o.token_ids for o in by_text]
+    assert [o.prompt_tokens for o in by_ids] == [len(i) for i in ids]
+    with pytest.raises(UserError, match="exactly one"):
+        generate(model, tokenizer, PROMPTS, prompt_ids=ids)
+
+
+def test_position_hook_sees_every_fed_token_position_once_per_row(models, tokenizer):
+    """Rebuild, from the hook's calls alone, which positions each row was fed: every prompt position
+    once in the prefill (padding marked -1), then one new position per decode step until the row
+    stops -- checked against the rows' prompt lengths and completion lengths."""
+    model = models["llama"]
+    seen: dict[int, list[int]] = {}
+    calls = []
+
+    def hook(rows, positions):
+        assert positions.shape[0] == len(rows) and positions.dtype == torch.long
+        calls.append(positions.shape[1])
+        for r, pos in zip(rows, positions.tolist()):
+            seen.setdefault(r, []).extend(p for p in pos if p >= 0)
+
+    outs = generate(model, tokenizer, PROMPTS, max_new_tokens=7, batch_size=3, stop=["e"], position_hook=hook)
+    for r, out in enumerate(outs):
+        n_prompt = len(tokenizer(PROMPTS[r]).input_ids)
+        # the last generated token is never fed back (the loop ends after choosing it)
+        assert seen[r] == list(range(n_prompt + out.completion_tokens - 1)), PROMPTS[r]
+    # padding is reported as -1 in the prefill of a mixed-length batch
+    assert calls[0] == max(len(tokenizer(p).input_ids) for p in PROMPTS)

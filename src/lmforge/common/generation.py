@@ -300,6 +300,8 @@ def generate(
     seed: int | None = None,
     progress: bool = False,
     allowed_tokens: Callable[[list[int]], Sequence[int]] | None = None,
+    prompt_ids: Sequence[Sequence[int]] | None = None,
+    position_hook: Callable[[list[int], torch.Tensor], None] | None = None,
 ) -> list[GenerationOutput]:
     """Generate a completion for each prompt with a batched, KV-cached decode loop.
 
@@ -323,6 +325,13 @@ def generate(
         allowed_tokens: constrained decoding: called with a row's token ids so far (its prompt's
             ids, then what it generated) before every step, it returns the token ids the next one
             may be; the others get probability 0 (e.g. :func:`json_schema_constraint`).
+        prompt_ids: instead of ``prompts`` / ``messages``, the prompts as token ids, used as given
+            (no special tokens added): for a caller that lays out its own tokens.
+        position_hook: called before every forward pass with ``(rows, positions)``: ``rows`` the
+            indices (into the prompt list) of the batch's rows in order, ``positions`` a ``(len(rows),
+            T)`` long tensor of the positions the pass feeds (a token's index in its row's prompt +
+            completion; -1 for left padding). An adapter that conditions on per-token side inputs
+            (e.g. a role per token) sets them here; the engine knows nothing of what it sets.
 
     Returns:
         One :class:`GenerationOutput` per prompt, in input order.
@@ -332,8 +341,13 @@ def generate(
     rotary models.
     """
     check_sampling_args(max_new_tokens, do_sample, temperature, top_p, top_k, batch_size)
-    if (prompts is None) == (messages is None):
-        raise UserError("generate() takes either prompts or messages, not both (nor neither)")
+    if sum(x is not None for x in (prompts, messages, prompt_ids)) != 1:
+        raise UserError("generate() takes either prompts or messages or prompt_ids: exactly one of them")
+    if prompt_ids is not None:
+        if system is not None:
+            raise UserError("system= needs messages=; token-id prompts have no chat turns")
+        encoded_given = [[int(t) for t in ids] for ids in prompt_ids]
+        prompts = [""] * len(encoded_given)
     if messages is not None:
         prompts = chat_prompts(tokenizer, messages, system=system)
     elif system is not None:
@@ -349,7 +363,7 @@ def generate(
     eos_ids = eos_token_ids(model, tokenizer)
     pad_id = pad_token_id(tokenizer, eos_ids)
 
-    encoded = [encode_prompt(tokenizer, p) for p in prompts]
+    encoded = encoded_given if prompt_ids is not None else [encode_prompt(tokenizer, p) for p in prompts]
     for i, ids in enumerate(encoded):
         if not ids:
             raise UserError(
@@ -398,6 +412,8 @@ def generate(
             top_p=top_p,
             generator=generator,
             allowed_tokens=allowed_tokens,
+            row_ids=batch,
+            position_hook=position_hook,
         )
 
     with inference(model):
@@ -421,6 +437,8 @@ def _generate_batch(
     top_p: float,
     generator: torch.Generator | None,
     allowed_tokens: Callable[[list[int]], Sequence[int]] | None = None,
+    row_ids: list[int] | None = None,
+    position_hook: Callable[[list[int], torch.Tensor], None] | None = None,
 ) -> list[GenerationOutput]:
     from transformers import DynamicCache
 
@@ -443,6 +461,9 @@ def _generate_batch(
     if max_new_tokens > 0:
         cache = DynamicCache(config=model.config)
         extra = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
+        ids_of = row_ids if row_ids is not None else list(range(n))
+        if position_hook is not None:
+            position_hook(list(ids_of), position_ids.masked_fill(attention_mask == 0, -1))
         out = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -501,6 +522,8 @@ def _generate_batch(
                 active_t = active_t[keep_t]
             ones = attention_mask.new_ones((attention_mask.shape[0], 1))
             attention_mask = torch.cat([attention_mask, ones], dim=1)
+            if position_hook is not None:
+                position_hook([ids_of[r] for r in active], next_pos[:, None])
             out = model(
                 input_ids=tok[:, None],
                 attention_mask=attention_mask,

@@ -58,7 +58,6 @@ from typing import Any, Protocol, runtime_checkable
 from lmforge.common.chat import extract_json
 from lmforge.common.errors import UserError
 from lmforge.common.io import atomic_write_text, parse_json_lines, read_json_objects, read_user_text
-from lmforge.data.toolcalls import render_tools
 from lmforge.methods.moragent.layer import NO_ROLE, ROLE_NAMES
 
 __all__ = [
@@ -81,7 +80,9 @@ __all__ = [
     "read_function_calls",
     "read_trajectories",
     "render_segment",
+    "render_tools",
     "role_ids_for",
+    "user_segment",
     "validate_function_call_record",
     "validate_trajectory",
     "write_trajectories",
@@ -334,6 +335,28 @@ def _param_table(tool: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
         if "default" not in spec and not (isinstance(t, str) and "optional" in t.lower()):
             required.add(k)
     return params, required
+
+
+def render_tools(tools: Sequence[dict[str, Any]]) -> str:
+    """The tool list as the user segment shows it: ``- name(arg, arg, opt?)`` per tool, a ``?`` on
+    each optional parameter (:func:`_param_table`, so both schema styles list their parameters).
+
+    NOTE: signatures only, no descriptions or types (the format of
+    :func:`lmforge.data.toolcalls.render_tools`, which lists a flat schema's keys and so would show
+    a JSON-schema tool as ``f(type, properties, required)``): it keeps CPU prompts short (about 50
+    SmolLM2 tokens for a BFCL entry); the record keeps the full schema.
+    """
+    lines = []
+    for t in tools:
+        props, required = _param_table(t)
+        args = ", ".join(k if k in required else f"{k}?" for k in props)
+        lines.append(f"- {t.get('name')}({args})")
+    return "\n".join(lines)
+
+
+def user_segment(record: dict[str, Any]) -> Segment:
+    """The trajectory's opening segment: the tool list and the query."""
+    return Segment("user", f"Tools:\n{render_tools(record['tools'])}\nQuery: {record['query']}")
 
 
 def _call_problem(call: Any, tools: Sequence[dict[str, Any]]) -> str | None:
@@ -619,7 +642,7 @@ def build_trajectories(records: Iterable[dict[str, Any]], completer: Completer
         if failed:
             drop("call_error", failed[0])
             continue
-        segments = [Segment("user", f"Tools:\n{render_tools(rec['tools'])}\nQuery: {rec['query']}")]
+        segments = [user_segment(rec)]
         bad = None
         for call, obs in zip(rec["answers"], observations):
             thought = completer.complete("reasoner", role_prompt("reasoner", "call", rec, {"call": call}))
