@@ -24,6 +24,7 @@ DISTILL = ["align", "distill", "--teacher", NANO, "--student", NANO, "--out", "o
 FIT_DATA = ["align", "fit-data", "-i", "recs.jsonl", "--out", "fit.jsonl", "--task", "Sentiment?",
             "--core-name", "the sentiment"]
 SDPO = ["align", "selective-dpo", "-m", NANO, "--data", "prefs.jsonl", "--out", "o"]
+MOR_TRAIN = ["agent", "mor-train", "-m", NANO, "--out", "o", "--data"]
 RATE = ["reward", "rate", "--reward-model", "rm", "--data", "r.jsonl", "--attribute", "length"]
 
 # (id, arguments, a word the error line must contain, case-insensitively)
@@ -133,6 +134,26 @@ CASES: list[tuple[str, list[str], str]] = [
      "--steps must be > 0"),
     ("agent-udora-tool", ["agent", "udora", "-m", NANO, "--cases", "cases.jsonl", "--out", "o", "--target-tool",
                           "OrderPizza"], "has no tool"),
+    # MoRAgent
+    ("agent-mor-data-missing-input", ["agent", "mor-data", "--input", "missing.jsonl", "--out", "tr.jsonl"],
+     "missing.jsonl"),
+    ("agent-mor-data-two-sources", ["agent", "mor-data", "--input", "recs.jsonl", "--bfcl", "multiple",
+                                    "--out", "tr.jsonl"], "exactly one of --input"),
+    ("agent-mor-data-irrelevance", ["agent", "mor-data", "--bfcl", "irrelevance", "--out", "tr.jsonl"],
+     "no gold calls"),
+    ("agent-mor-train-unknown-role", [*MOR_TRAIN, "traj_planner.jsonl"], "'planner'"),
+    ("agent-mor-train-no-role-tag", [*MOR_TRAIN, "traj_norole.jsonl"], "no role tag"),
+    ("agent-mor-train-top-k", [*MOR_TRAIN, "traj.jsonl", "--top-k", "5,3,2"], "top-k 5"),
+    ("agent-mor-train-steps", [*MOR_TRAIN, "traj.jsonl", "--steps", "0"], "--steps"),
+    ("agent-mor-train-adapter", [*MOR_TRAIN, "traj.jsonl", "--adapter", "dora"], "dora"),
+    ("agent-mor-train-out-exists", ["agent", "mor-train", "-m", NANO, "--out", "d", "--data", "traj.jsonl"],
+     "--overwrite"),
+    ("agent-mor-run-bfcl-category", ["agent", "mor-run", "-m", NANO, "--bfcl", "simple_java", "--out", "o"],
+     "simple_java"),
+    ("agent-mor-run-max-steps", ["agent", "mor-run", "-m", NANO, "--bfcl", "multiple", "--out", "o",
+                                 "--max-steps", "0"], "--max-steps"),
+    ("agent-mor-run-not-an-adapter", ["agent", "mor-run", "-m", NANO, "--bfcl", "multiple", "--out", "o",
+                                      "--adapter", "d"], "not an adapter folder"),
     ("s2h-data-task", ["bench", "s2h-data", "--task", "maze", "--out", "o"], "unknown S2H task"),
     ("s2h-data-size", ["bench", "s2h-data", "--task", "table-readout", "--size", "rows=3..4", "--out", "o"],
      "outside the generator's range"),
@@ -241,6 +262,20 @@ CASES: list[tuple[str, list[str], str]] = [
     ("unknown-subcommand", ["bench", "nosuch"], "nosuch"),
 ]
 
+
+def _traj(role: str | None = "reasoner") -> str:
+    """One MoRAgent trajectory line; its first reasoner segment gets ``role`` (None: no role tag)."""
+    segs = [{"role": "user", "text": "Tools:\n- f(x)\nQuery: f of 1"},
+            {"role": role, "text": "Thought: call f.\nNext role: executor"},
+            {"role": "executor", "text": '{"name": "f", "arguments": {"x": 1}}'},
+            {"role": "observation", "text": '{"status": "ok", "function": "f", "result": {"x": 1}}'},
+            {"role": "reasoner", "text": "Thought: done.\nNext role: summarizer"},
+            {"role": "summarizer", "text": "f returned x 1."}]
+    if role is None:
+        del segs[1]["role"]
+    return json.dumps({"segments": segs, "meta": {}}) + "\n"
+
+
 # Cheap inputs in the working folder: every case sees the same files, and none may change.
 FILES = {
     "f.txt": "x\n",
@@ -260,6 +295,9 @@ FILES = {
     "noslot.jsonl": json.dumps({"prompt": "Tools: SendPostcard. Observation: hi", "target": "SendPostcard"}) + "\n",
     "cases.jsonl": json.dumps({"prompt": "Tools: SendPostcard. Observation: {optim_str}", "raw": True,
                                "target": "SendPostcard"}) + "\n",
+    "traj.jsonl": _traj(),
+    "traj_planner.jsonl": _traj(role="planner"),
+    "traj_norole.jsonl": _traj(role=None),
 }
 
 

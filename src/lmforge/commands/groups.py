@@ -13,7 +13,7 @@ align_app = typer.Typer(help="Alignment and distillation: DistiLLM-2, Selective 
 bench_app = typer.Typer(help="Benchmarks: ACBench over models x compressions, MINIONS, citation F1 (SelfCite), simple-to-hard visual reasoning (S2H).",
                         no_args_is_help=True)
 # `lmforge agent`: Minions lives in lmforge.cli; methods add their own (`lmforge agent udora`).
-agent_app = typer.Typer(help="Agents: local-remote collaboration (Minions), red-teaming by reasoning hijack (UDora).",
+agent_app = typer.Typer(help="Agents: local-remote collaboration (Minions), red-teaming by reasoning hijack (UDora), Mixture-of-Roles agent tuning (MoRAgent).",
                         no_args_is_help=True)
 reward_app = typer.Typer(help="Reward models and what they reward: diverging preferences, RATE.",
                          no_args_is_help=True)
