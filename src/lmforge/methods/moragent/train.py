@@ -314,6 +314,8 @@ def train_adapter(model: nn.Module, tokenizer: Any, examples: Sequence[Example],
     finally:
         if has_mor:
             set_roles(model, None)
+            for layer in mor_layers(model).values():
+                layer.last_routing = None  # the last step's graph: frees it (and lets the model be copied)
         model.eval()
     return {"losses": losses, "seconds": time.perf_counter() - t0, "prefix_layer": start,
             "examples": len(examples), "steps": settings.steps}
