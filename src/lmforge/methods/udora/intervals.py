@@ -29,7 +29,7 @@ are marked ``NOTE:``. The official defaults are ``add_space_before_target=False`
 ``before_negative=False`` (``UDoraConfig``); the README's runs all pass ``--add_space_before_target``.
 
 Libraries checked: nanoGCG (UDora's base) optimises a fixed target at a fixed place and has none of
-this; nanogcg cannot be installed here anyway (0.3.0 pins ``transformers<=4.47.1``).
+this.
 """
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ losses) belongs to the attack loop, not here. The official ``_compute_udora_batc
 each target's term by an "active mask" that is all ones in both modes, so the sum here has no mask.
 The official averages both losses over the prompts of a multi-prompt attack; that too is the loop's.
 
-Libraries checked: nanoGCG 0.3.0 (read from its PyPI wheel; it cannot be installed here, it pins
-``transformers<=4.47.1``) has the same CE / mellowmax losses for a single fixed target and no
-selection loss of this kind.
+Libraries checked: nanoGCG 0.3.0 (installed with ``--no-deps`` for the tests only) has the same CE /
+mellowmax losses for a single fixed target and no selection loss of this kind; GCG's step-0 CE and
+token gradient agree with it (``tests/methods/udora/test_nanogcg_reference.py``).
 """
 
 from __future__ import annotations
