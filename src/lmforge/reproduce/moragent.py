@@ -31,6 +31,13 @@ lr 1e-3 and 3e-3, 90 steps of 4: every arm scored 2/24 except MoR at 1e-3, 1/24;
 tied-best lr of both arms, and gives the lower final loss). ``--full`` trains :data:`STEPS_FULL` steps
 and evaluates :data:`N_EVAL_FULL` entries per category (about an hour on 2 cores). A size-matched
 official configuration (all 30 layers, rank 16: 68M trainable parameters) does not fit a CPU run.
+
+NOTE (budget, changed after a run): the first verdict runs used 50 steps, a 48-token summarizer, an
+evaluation batch of 12 and 128 tokens for the base model's BFCL-prompting reply. They took 18-19.5
+minutes, over the 15-minute budget, and gave (twice, identically) base 0.000, MoR 0.042 / 0.083 /
+0.083, LoRA 0.125 / 0.083 / 0.083: not held. To fit the budget the steps went to 40, the summarizer
+to 32 tokens (it is not scored), the evaluation batch to 24 and the base reply to 96 tokens. The
+condition is unchanged.
 """
 
 from __future__ import annotations
@@ -54,15 +61,16 @@ N_TRAIN_SYNTH = 100
 MAX_LEN = 384
 TOP_LAYERS = 4
 MOR_RANK = 2
-STEPS = 50
+STEPS = 40
 STEPS_FULL = 200
 BATCH = 4
 LR = 3e-3
 WARMUP = 5
 SEEDS = 3
 MAX_STEPS = 4
-SEGMENT_TOKENS = {"reasoner": 48, "executor": 80, "summarizer": 48}
-BASE_PROMPT_TOKENS = 128
+SEGMENT_TOKENS = {"reasoner": 48, "executor": 80, "summarizer": 32}
+EVAL_BATCH = 24
+BASE_PROMPT_TOKENS = 96
 LORA_MARGIN = 0.05
 BASE_MARGIN = 0.20
 PAPER = {"BFCL, Llama-3.2-1B (base -> MoRAgent)": "27.5 -> 77.6",
@@ -130,7 +138,7 @@ def _eval(model: Any, tok: Any, records: list[Any]) -> tuple[float, dict[str, fl
 
     m = copy.deepcopy(model).to(torch.bfloat16)
     eps = run_agent(m, tok, [from_bfcl(r) for r in records], max_steps=MAX_STEPS, max_new_tokens=SEGMENT_TOKENS,
-                    batch_size=12)
+                    batch_size=EVAL_BATCH)
     acc, per = _score(records, eps)
     return acc, per, dict(Counter(e.ended for e in eps)), eps
 
@@ -224,6 +232,9 @@ def run(cfg: ReproduceOptions) -> ClaimResult:
         "The condition (MoR >= LoRA + 5 points and >= base + 20 points at 2 of 3 seeds) was written in the code "
         "before the verdict run; a pilot on a separate BFCL sample (seed 99) chose the learning rate, steps and layers "
         "(module docstring).",
+        "Budget change after a run (module NOTE): the first verdict runs used 50 steps and took 18-19.5 minutes "
+        "(MoR 0.042 / 0.083 / 0.083, LoRA 0.125 / 0.083 / 0.083, base 0: not held); steps 40 and cheaper "
+        "evaluation settings fit 15 minutes. The condition is unchanged.",
     ]
     if cfg.quick:
         notes.append("--quick: 2 training steps, 2 eval entries per category, one seed; the verdict is not meaningful.")
