@@ -26,7 +26,8 @@ Miniature (the settings below are fixed before the verdict run):
 NOTE (scale): the paper tunes every layer at rank 16 per expert for 4 epochs of ~80k samples per role
 at lr 5e-5; here the top layers at rank 2 for :data:`STEPS` steps of :data:`BATCH` at lr :data:`LR`
 fit 15 minutes on 2 CPU cores. The learning rate, steps and layers were chosen by a pilot before the
-verdict run (24 BFCL simple_python entries of seed 99, the training pool without them; both arms at
+verdict run (24 BFCL simple_python entries of seed 99, the training pool without them; one of them,
+simple_python_308, is also in the verdict's evaluation sample; both arms at
 lr 1e-3 and 3e-3, 90 steps of 4: every arm scored 2/24 except MoR at 1e-3, 1/24; 3e-3 is the best or
 tied-best lr of both arms, and gives the lower final loss). ``--full`` trains :data:`STEPS_FULL` steps
 and evaluates :data:`N_EVAL_FULL` entries per category (about an hour on 2 cores). A size-matched

@@ -71,6 +71,9 @@ def test_finish_segment_parses_handover_call_and_answer():
     _finish_segment(ep, "summarizer", " It is 3.\n", "stop")
     assert ep.ended == "answered" and ep.segments[-1] == Segment("summarizer", "It is 3.")
     assert bfcl_calls(ep) == [{gold["name"]: gold["arguments"]}]
+    at_eos = Episode(record=rec, segments=[user_segment(rec)])
+    _finish_segment(at_eos, "reasoner", " Thought: go.\nNext role: executor", "eos")
+    assert at_eos.next_role == "executor" and at_eos.ended is None
     lost = Episode(record=rec, segments=[user_segment(rec)])
     _finish_segment(lost, "reasoner", " Thought: hmm, no hand-over", "eos")
     assert lost.ended == "no_next_role"

@@ -56,7 +56,8 @@ __all__ = ["DEFAULT_MAX_NEW_TOKENS", "Episode", "bfcl_calls", "format_episode", 
 EndReason = Literal["answered", "no_next_role", "step_limit", "length"]
 # Per-segment token budgets: a reasoner thought and its hand-over line, a call, a one-line answer.
 DEFAULT_MAX_NEW_TOKENS = {"reasoner": 96, "executor": 96, "summarizer": 96}
-_HANDOVER = re.compile(r"next\s+role\s*:\s*(reasoner|executor|summarizer)[ \t]*\n", re.IGNORECASE)
+# the hand-over line ends at its newline, or at the end of the text when the model stopped there (EOS)
+_HANDOVER = re.compile(r"next\s+role\s*:\s*(reasoner|executor|summarizer)[ \t]*(?:\n|$)", re.IGNORECASE)
 _STOPS = {"reasoner": [f"role: {r}\n" for r in AGENT_ROLES] + [f"Role: {r}\n" for r in AGENT_ROLES],
           "executor": ["\n"], "summarizer": ["\n"]}
 
