@@ -29,6 +29,10 @@ def test_eval_entries_never_train() -> None:
     evals, pool = _split(0, 12)
     assert len(evals) == 24 and {r.category for r in evals} == {"simple_python", "multiple"}
     assert not {r.id for r in evals} & {r.id for r in pool}
+    # disjoint by content too: BFCL repeats questions under other ids (multiple_111 = multiple_198)
+    def text(r):
+        return " ".join(" ".join(m["content"] for m in r.messages if m["role"] == "user").lower().split())
+    assert not {text(r) for r in evals} & {text(r) for r in pool}
     assert len(pool) > 500
 
 

@@ -112,9 +112,11 @@ def pad_token_id(tokenizer: Any, eos_ids: Sequence[int]) -> int:
 
 
 def accepts_logits_to_keep(model: nn.Module) -> bool:
-    """Whether ``model.forward`` takes ``logits_to_keep`` (every transformers-5 causal LM does)."""
+    """Whether ``model.forward`` takes ``logits_to_keep`` (every transformers-5 causal LM does; a
+    wrapper with a ``get_base_model()``, such as a peft model, passes it on to the model it wraps)."""
+    inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
     try:
-        return "logits_to_keep" in inspect.signature(model.forward).parameters
+        return "logits_to_keep" in inspect.signature(inner.forward).parameters
     except (TypeError, ValueError):
         return False
 

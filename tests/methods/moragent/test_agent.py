@@ -134,3 +134,11 @@ def test_step_limit_and_bad_arguments(tok, mor_model):
         run_agent(mor_model, tok, recs, max_new_tokens={"planner": 3})
     with pytest.raises(UserError, match="record 0"):
         run_agent(mor_model, tok, [{"query": "x"}])
+
+
+def test_json_string_tools_are_read_like_parsed_ones(tok, mor_model):
+    """An xLAM dump's record (tools and answers as JSON strings) runs from its canonical form."""
+    rec = _records(1)[0]
+    dumped = {**rec, "tools": json.dumps(rec["tools"]), "answers": json.dumps(rec["answers"])}
+    (ep,) = run_agent(mor_model, tok, [dumped], max_new_tokens={"reasoner": 2})
+    assert ep.segments[0] == user_segment(rec) and ep.record["tools"] == rec["tools"]

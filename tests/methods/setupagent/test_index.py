@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 import zipfile
 from pathlib import Path
@@ -60,6 +61,15 @@ def _get(url: str, accept: str | None = None) -> tuple[str, bytes]:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(req, timeout=10) as resp:
         return resp.headers["Content-Type"], resp.read()
+
+
+def _pip_has_upload_cap() -> bool:
+    from importlib.metadata import version
+
+    return int(version("pip").split(".")[0]) >= 26  # --uploaded-prior-to came with pip 26
+
+
+needs_pip26 = pytest.mark.skipif(not _pip_has_upload_cap(), reason="pip < 26 has no --uploaded-prior-to")
 
 
 def _pip(*args: str) -> subprocess.CompletedProcess[str]:
@@ -146,6 +156,7 @@ def test_bad_upload_times_are_user_errors(tmp_path: Path):
     assert LocalIndex(tmp_path).missing_upload_times() == ["toydep-1.0-py3-none-any.whl"]
 
 
+@needs_pip26
 def test_pip_download_respects_the_date_cap(index: LocalIndex, tmp_path: Path):
     capped = _pip("download", "--no-deps", "--index-url", index.url, "--uploaded-prior-to", CAP, "toydep",
                   "-d", str(tmp_path / "capped"))
@@ -156,6 +167,7 @@ def test_pip_download_respects_the_date_cap(index: LocalIndex, tmp_path: Path):
     assert os.listdir(tmp_path / "free") == ["toydep-2.0-py3-none-any.whl"]
 
 
+@needs_pip26
 def test_pip_install_target_with_the_cap(index: LocalIndex, tmp_path: Path):
     target = tmp_path / "site"
     res = _pip("install", "--no-deps", "--index-url", index.url, "--uploaded-prior-to", CAP, "--target", str(target),
@@ -165,6 +177,7 @@ def test_pip_install_target_with_the_cap(index: LocalIndex, tmp_path: Path):
     assert (target / "toydep-1.1.dist-info").is_dir()
 
 
+@needs_pip26
 def test_pip_refuses_a_cap_on_an_index_without_upload_times(html_only_index: LocalIndex, tmp_path: Path):
     res = _pip("download", "--no-deps", "--index-url", html_only_index.url, "--uploaded-prior-to", CAP, "toydep",
                "-d", str(tmp_path / "dl"))
@@ -180,3 +193,19 @@ def test_stop_closes_the_server(wheels: Path):
     assert idx.requests == 1
     with pytest.raises(urllib.error.URLError):
         _get(url)
+
+
+def test_local_version_files_download_and_format_query_selects_json(tmp_path: Path):
+    """A file name with '+' (a local version) is linked percent-encoded and must be served under that
+    link; ``?format=json`` and the PEP 691 media type in the query select JSON."""
+    path = build_wheel("toydep", "1.0+cpu", {"toydep/__init__.py": ""}, tmp_path)
+    (tmp_path / "upload-times.json").write_text(json.dumps({path.name: "2023-01-01T00:00:00Z"}))
+    with LocalIndex(tmp_path) as idx:
+        ctype, body = _get(idx.url + "toydep/?format=json")
+        assert ctype.startswith(JSON_TYPE)
+        (entry,) = json.loads(body)["files"]
+        assert "%2B" in entry["url"] or "+" in entry["url"]
+        _, data = _get(urllib.parse.urljoin(idx.url + "toydep/", entry["url"]))
+        assert hashlib.sha256(data).hexdigest() == entry["hashes"]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+        ctype, _ = _get(idx.url + "toydep/?format=application/vnd.pypi.simple.v1+json")
+        assert ctype.startswith(JSON_TYPE)

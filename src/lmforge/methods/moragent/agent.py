@@ -153,8 +153,9 @@ def run_agent(model: nn.Module, tokenizer: Any, records: list[dict[str, Any]], *
         raise UserError(f"max_new_tokens takes a positive budget per role ({', '.join(AGENT_ROLES)}); got {bad}")
     episodes = []
     for i, rec in enumerate(records):
-        rec = {**rec, "answers": rec.get("answers") or [{"name": "_", "arguments": {}}]}
-        validate_function_call_record(rec, f"record {i}")
+        # the canonical record (an xLAM dump's JSON-string tools parsed); no answers -> a placeholder
+        rec = validate_function_call_record({**rec, "answers": rec.get("answers") or [{"name": "_", "arguments": {}}]},
+                                            f"record {i}")
         episodes.append(Episode(record=rec, segments=[user_segment(rec)]))
     has_mor = bool(mor_layers(model))
     cache: dict[tuple[str, str], list[int]] = {}

@@ -196,12 +196,12 @@ def _loss(lm: nn.Module, batch: dict[str, torch.Tensor], start: int, hidden: tor
     labels = batch["labels"]
     inner = lm.model
     if hidden is None:
-        h = inner(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        h = inner(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).last_hidden_state
     else:
         full = inner.layers
         inner.layers = nn.ModuleList(list(full)[start:])
         try:
-            h = inner(inputs_embeds=hidden, attention_mask=batch["attention_mask"]).last_hidden_state
+            h = inner(inputs_embeds=hidden, attention_mask=batch["attention_mask"], use_cache=False).last_hidden_state
         finally:
             inner.layers = full
     # position t predicts token t+1
@@ -225,7 +225,7 @@ def _prefix_hidden(lm: nn.Module, batch: dict[str, torch.Tensor], start: int) ->
     handle = inner.layers[-1].register_forward_hook(grab)
     try:
         with torch.no_grad():
-            inner(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+            inner(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
     finally:
         handle.remove()
         inner.layers = full
@@ -263,7 +263,8 @@ def train_adapter(model: nn.Module, tokenizer: Any, examples: Sequence[Example],
     losses: list[float] = []
     t0 = time.perf_counter()
     model.train()
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16)
+    device = params[0].device
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=settings.bf16)
     checked = False
     try:
         for step in range(settings.steps):
@@ -272,7 +273,7 @@ def train_adapter(model: nn.Module, tokenizer: Any, examples: Sequence[Example],
                 rng.shuffle(perm)
                 order += perm
             idx, order = order[: settings.batch_size], order[settings.batch_size:]
-            batch = _collate(tokenizer, [examples[i] for i in idx])
+            batch = {k: v.to(device) for k, v in _collate(tokenizer, [examples[i] for i in idx]).items()}
             if has_mor:
                 set_roles(model, batch["role_ids"])
             with autocast:
@@ -281,7 +282,7 @@ def train_adapter(model: nn.Module, tokenizer: Any, examples: Sequence[Example],
                     # one prefix per example (right padding: its rows are independent of the batch)
                     missing = [i for i in idx if i not in cache]
                     if missing:
-                        sub = _collate(tokenizer, [examples[i] for i in missing])
+                        sub = {k: v.to(device) for k, v in _collate(tokenizer, [examples[i] for i in missing]).items()}
                         h = _prefix_hidden(lm, sub, start)
                         for j, i in enumerate(missing):
                             cache[i] = h[j, : len(examples[i].input_ids)].clone()

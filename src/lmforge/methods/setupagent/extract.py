@@ -121,13 +121,23 @@ def _tokens(command: str | Sequence[str]) -> list[str]:
     return list(command)
 
 
+_SOURCE_SHORT = tuple(o for o in _SOURCE_OPTIONS if not o.startswith("--"))
+_SOURCE_LONG = tuple(o for o in _SOURCE_OPTIONS if o.startswith("--"))
+
+
 def _check_sources(args: Sequence[str]) -> None:
     for arg in args:
         opt = arg.split("=", 1)[0]
-        if opt in _SOURCE_OPTIONS:
+        # pip's option parser takes an attached short option's value (-ihttp://...) and any unique
+        # prefix of a long option (--extra-index=..., --index-ur=...): refuse those spellings too
+        short = next((o for o in _SOURCE_SHORT if arg.startswith(o) and not arg.startswith("--")), None)
+        long = next((o for o in _SOURCE_LONG if opt.startswith("--") and len(opt) > 3 and o.startswith(opt)), None)
+        if opt in _SOURCE_OPTIONS or short or long:
             raise CommandRejected(f"option {opt} chooses the package source; the runner sets it")
-        if _REMOTE.search(arg):
+        if "://" in arg or _REMOTE.search(arg):
             raise CommandRejected(f"remote source {arg!r}; packages come from the runner's index only")
+    # NOTE: ``-r FILE`` / ``-c FILE`` are allowed (the rule extractor proposes them); a requirements
+    # file can itself name an index, so the runner must scan those files before running (part 2b).
 
 
 def _check_python(args: list[str]) -> None:

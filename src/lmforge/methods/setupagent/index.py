@@ -49,7 +49,7 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, quote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from lmforge.common.errors import UserError
 
@@ -360,11 +360,14 @@ def _handler_for(index: LocalIndex) -> type[BaseHTTPRequestHandler]:
             parts = urlsplit(self.path)
             path = parts.path
             fmt_q = parse_qs(parts.query).get("format", [None])[0]
+            if fmt_q is not None and "json" in fmt_q.lower():
+                # ``?format=json``, or the PEP 691 media type whose "+" the query decoding made a space
+                fmt_q = "application/vnd.pypi.simple.v1+json"
             fmt = choose_format(fmt_q or self.headers.get("Accept"))
             if not index.serve_json:
                 fmt = "html"
             if path.startswith("/files/"):
-                f = by_name.get(path[len("/files/"):])
+                f = by_name.get(unquote(path[len("/files/"):]))
                 if f is None:
                     self._send(404, b"not found\n", "text/plain")
                     return
