@@ -154,6 +154,8 @@ CASES: list[tuple[str, list[str], str]] = [
                                  "--max-steps", "0"], "--max-steps"),
     ("agent-mor-run-not-an-adapter", ["agent", "mor-run", "-m", NANO, "--bfcl", "multiple", "--out", "o",
                                       "--adapter", "d"], "not an adapter folder"),
+    ("agent-mor-run-lora-without-safetensors", ["agent", "mor-run", "-m", NANO, "--bfcl", "multiple", "--out", "o",
+                                                "--adapter", "lora_pickle"], "adapter_model.safetensors"),
     ("s2h-data-task", ["bench", "s2h-data", "--task", "maze", "--out", "o"], "unknown S2H task"),
     ("s2h-data-size", ["bench", "s2h-data", "--task", "table-readout", "--size", "rows=3..4", "--out", "o"],
      "outside the generator's range"),
@@ -315,6 +317,9 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for name, text in FILES.items():
         (tmp_path / name).write_text(text)
     (tmp_path / "d").mkdir()
+    (tmp_path / "lora_pickle").mkdir()  # a peft folder with pickle weights only
+    (tmp_path / "lora_pickle" / "adapter_config.json").write_text("{}")
+    (tmp_path / "lora_pickle" / "adapter_model.bin").write_bytes(b"\x80")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 

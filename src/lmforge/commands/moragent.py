@@ -322,6 +322,9 @@ def _check_adapter_folder(folder: Path) -> None:
     if not (folder / CONFIG_FILE).is_file() and not (folder / "adapter_config.json").is_file():
         raise UserError(f"--adapter {folder} is not an adapter folder (no {CONFIG_FILE} for MoR, "
                         "no adapter_config.json for LoRA); train one with `lmforge agent mor-train`")
+    if not (folder / CONFIG_FILE).is_file() and not (folder / "adapter_model.safetensors").is_file():
+        raise UserError(f"--adapter {folder}: a LoRA adapter folder needs adapter_model.safetensors "
+                        "(pickle weights are not loaded)")
 
 
 def _run_records(bfcl: str | None, input_file: Path | None, n: int, seed: int
