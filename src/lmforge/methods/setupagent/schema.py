@@ -154,9 +154,14 @@ def _string_list(key: str, value: Any, allow_plain: bool) -> list[str]:
 
 def _check_time(text: str) -> None:
     try:
-        datetime.fromisoformat(text.replace("Z", "+00:00"))
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise ValueError(f"field 'created_at' is not an ISO 8601 time: {text!r}") from None
+    # NOTE: the time is the instance's date cap; without an offset pip reads it in local time and
+    # uv as the end of that local day (measured, tests/methods/setupagent/test_uv_crosscheck.py),
+    # so a naive time is refused rather than guessed.
+    if when.tzinfo is None:
+        raise ValueError(f"field 'created_at' has no time zone (write it in UTC, ...Z): {text!r}")
 
 
 def write_jsonl(path: str | Path, instances: Iterable[Instance]) -> Path:
