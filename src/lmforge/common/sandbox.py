@@ -978,6 +978,8 @@ _LL_EXECUTE, _LL_WRITE_FILE, _LL_READ_FILE, _LL_READ_DIR = 1 << 0, 1 << 1, 1 << 
 _LL_MAKE_CHAR, _LL_MAKE_BLOCK = 1 << 6, 1 << 11
 _LL_REFER, _LL_TRUNCATE, _LL_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15  # since ABI 2, 3 and 5
 _LL_SCOPE_ABSTRACT_UNIX_SOCKET, _LL_SCOPE_SIGNAL = 1 << 0, 1 << 1  # since ABI 6
+# The rights that apply to a file (not a folder) beneath which a rule is added.
+_LL_FILE_RIGHTS = _LL_EXECUTE | _LL_WRITE_FILE | _LL_READ_FILE | _LL_TRUNCATE | _LL_IOCTL_DEV
 
 
 def _landlock_syscall(number: int, *args: Any) -> int:
@@ -1021,9 +1023,33 @@ def _landlock_ruleset(tmp: str, read_roots: tuple[str, ...]) -> int | None:
     folder; read (files and listings) beneath the read roots; ``/dev/null`` read-write and the
     random devices read-only. Everything else, every handled right, is denied.
     """
-    import ctypes
-
     abi = _landlock_abi()
+    if abi < 1:
+        return None
+    handled = _landlock_fs_rights(abi)
+    read = _LL_READ_FILE | _LL_READ_DIR
+    rules = [(tmp, handled & ~(_LL_EXECUTE | _LL_MAKE_CHAR | _LL_MAKE_BLOCK), True)]
+    rules += [(root, read, False) for root in read_roots]
+    rules += [
+        ("/dev/null", _LL_READ_FILE | _LL_WRITE_FILE | _LL_TRUNCATE, False),
+        ("/dev/urandom", _LL_READ_FILE, False),
+        ("/dev/random", _LL_READ_FILE, False),
+    ]
+    return _landlock_build(abi, rules)
+
+
+def _landlock_build(abi: int, rules: list[tuple[str, int, bool]]) -> int | None:
+    """A Landlock ruleset that handles every right ``abi`` knows and grants only ``rules``.
+
+    Each rule is ``(path, rights, required)``: ``rights`` beneath ``path`` (masked to the handled
+    rights, and to the rights that apply to a file when ``path`` is not a folder). A missing
+    optional path is skipped; a required one that cannot be added means no ruleset (None), as does
+    a kernel without Landlock (``abi < 1``). From ABI 6 signals and abstract unix sockets are scoped
+    to the sandbox too. Shared with :mod:`lmforge.common.command_sandbox`.
+    """
+    import ctypes
+    import stat
+
     if abi < 1:
         return None
     handled = _landlock_fs_rights(abi)
@@ -1049,14 +1075,6 @@ def _landlock_ruleset(tmp: str, read_roots: tuple[str, ...]) -> int | None:
         return None
     if ruleset < 0:
         return None
-    read = _LL_READ_FILE | _LL_READ_DIR
-    rules = [(tmp, handled & ~(_LL_EXECUTE | _LL_MAKE_CHAR | _LL_MAKE_BLOCK), True)]
-    rules += [(root, read, False) for root in read_roots]
-    rules += [
-        ("/dev/null", _LL_READ_FILE | _LL_WRITE_FILE | _LL_TRUNCATE, False),
-        ("/dev/urandom", _LL_READ_FILE, False),
-        ("/dev/random", _LL_READ_FILE, False),
-    ]
     for path, access, required in rules:
         added = False
         try:
@@ -1065,6 +1083,8 @@ def _landlock_ruleset(tmp: str, read_roots: tuple[str, ...]) -> int | None:
             fd = -1
         if fd >= 0:
             try:
+                if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                    access &= _LL_FILE_RIGHTS  # the kernel refuses folder rights on a file
                 rule = PathBeneath(access & handled, fd)
                 added = _landlock_syscall(
                     _LANDLOCK_ADD_RULE, ctypes.c_long(ruleset), ctypes.c_long(1),  # PATH_BENEATH
