@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,7 @@ FIT_DATA = ["align", "fit-data", "-i", "recs.jsonl", "--out", "fit.jsonl", "--ta
 SDPO = ["align", "selective-dpo", "-m", NANO, "--data", "prefs.jsonl", "--out", "o"]
 MOR_TRAIN = ["agent", "mor-train", "-m", NANO, "--out", "o", "--data"]
 RATE = ["reward", "rate", "--reward-model", "rm", "--data", "r.jsonl", "--attribute", "length"]
+SETUP = ["bench", "setup", "fixrepo", "--out", "o", "--index", "idx"]
 
 # (id, arguments, a word the error line must contain, case-insensitively)
 CASES: list[tuple[str, list[str], str]] = [
@@ -254,6 +258,27 @@ CASES: list[tuple[str, list[str], str]] = [
     ("reward-rate-temperature", [*RATE, "--temperature", "-1"], "temperature"),
     ("reward-rate-limit", [*RATE, "--limit", "0"], "limit"),
     ("reward-rate-data-missing", [*RATE[:5], "missing.jsonl", *RATE[6:]], "missing.jsonl"),
+    # SetUpAgent: bench setup / bench swe-export (inputs built by _setupagent_inputs)
+    ("bench-setup-not-a-git-repo", ["bench", "setup", "d", "--out", "o", "--index", "idx"], "not a git repository"),
+    ("bench-setup-no-candidate", ["bench", "setup", "plainrepo", "--out", "o", "--index", "idx"], "no candidate"),
+    ("bench-setup-index-no-upload-time", ["bench", "setup", "fixrepo", "--out", "o", "--index", "idx_notimes"],
+     "upload time"),
+    ("bench-setup-index-missing", ["bench", "setup", "fixrepo", "--out", "o", "--index", "missing"], "missing"),
+    ("bench-setup-max-rounds", [*SETUP, "--max-rounds", "0"], "--max-rounds"),
+    ("bench-setup-threshold", [*SETUP, "--threshold", "1.5"], "--threshold"),
+    ("bench-setup-timeout", [*SETUP, "--timeout", "0"], "--timeout"),
+    ("bench-setup-memory-mb", [*SETUP, "--memory-mb", "0"], "--memory-mb"),
+    ("bench-setup-max-commits", [*SETUP, "--max-commits", "0"], "--max-commits"),
+    ("bench-setup-base-url-with-rules", [*SETUP, "--base-url", "http://127.0.0.1:9/v1"], "--base-url"),
+    ("bench-setup-served-model-without-url", [*SETUP, "--extractor", "gpt-4o"], "--base-url"),
+    ("bench-setup-out-not-a-setup-folder", ["bench", "setup", "fixrepo", "--out", "lora_pickle", "--index", "idx"],
+     "not a `lmforge bench setup` output folder"),
+    ("bench-swe-export-no-runs", ["bench", "swe-export", "d", "--out", "x.jsonl"], "no runs/"),
+    ("bench-swe-export-out-exists", ["bench", "swe-export", "setup_out", "--out", "f.txt"], "--overwrite"),
+    ("bench-swe-export-duplicate-id", ["bench", "swe-export", "setup_out", "setup_out_copy", "--out", "x.jsonl"],
+     "in both"),
+    ("bench-swe-export-no-instance", ["bench", "swe-export", "setup_invalid", "--out", "x.jsonl"],
+     "no valid instance"),
     # reproduce, zoo, list, unknown commands
     ("reproduce-unknown", ["reproduce", "nosuch"], "nosuch"),
     ("reproduce-out-is-a-file", ["reproduce", "zoo", "--out", "f.txt"], "f.txt"),
@@ -303,6 +328,53 @@ FILES = {
 }
 
 
+def _git(root: Path, *args: str, when: str = "2023-01-01T12:00:00+00:00") -> None:
+    env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": str(root), "GIT_CONFIG_NOSYSTEM": "1",
+           "GIT_AUTHOR_NAME": "dev", "GIT_AUTHOR_EMAIL": "dev@example.org", "GIT_COMMITTER_NAME": "dev",
+           "GIT_COMMITTER_EMAIL": "dev@example.org", "GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when}
+    subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, env=env)
+
+
+def _run_record(instance_id: str, status: str) -> str:
+    """A `bench setup` run record (runs/<id>.json) with a graded instance."""
+    inst = {"repo": "proj", "instance_id": instance_id, "base_commit": "0" * 40, "patch": "", "test_patch": "",
+            "problem_statement": "clamp ignores its upper bound", "created_at": "2023-06-01T12:00:00Z",
+            "FAIL_TO_PASS": ["tests/test_core.py::test_clamp_upper"], "PASS_TO_PASS": []}
+    return json.dumps({"instance_id": instance_id, "status": status, "reason": "", "instance": inst})
+
+
+def _setupagent_inputs(folder: Path) -> None:
+    """Inputs of the `bench setup` / `bench swe-export` cases: a repository with an issue-linked fix
+    (fixrepo), one whose history changes no test (plainrepo), a local index with upload times (idx)
+    and one without (idx_notimes), and setup output folders (setup_out, its copy, setup_invalid)."""
+    from lmforge.methods.setupagent.index import UPLOAD_TIMES_FILE, build_wheel
+    from lmforge.reproduce.setupagent import make_repo
+
+    make_repo(folder / "fixrepo", 0)
+    plain = folder / "plainrepo"
+    plain.mkdir()
+    (plain / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    _git(plain, "init", "-q", "-b", "main")
+    _git(plain, "add", "-A")
+    _git(plain, "commit", "-q", "-m", "Initial")
+    (plain / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    _git(plain, "commit", "-q", "-am", "Fix #1: add subtracts", when="2023-02-01T12:00:00+00:00")
+    for name, times in (("idx", True), ("idx_notimes", False)):
+        wheel = build_wheel("toydep", "1.0", {"toydep/__init__.py": "X = 1\n"}, folder / name)
+        if times:
+            (folder / name / UPLOAD_TIMES_FILE).write_text(json.dumps({wheel.name: "2022-03-01T00:00:00Z"}))
+    for name, status in (("setup_out", "valid"), ("setup_out_copy", "valid"), ("setup_invalid", "invalid")):
+        (folder / name / "runs").mkdir(parents=True)
+        (folder / name / "runs" / "proj-0123456789ab.json").write_text(_run_record("proj-0123456789ab", status))
+
+
+@pytest.fixture(scope="module")
+def setupagent_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("setupagent_inputs")
+    _setupagent_inputs(folder)
+    return folder
+
+
 def _snapshot(folder: Path) -> dict[str, str]:
     """Every path under ``folder`` with the sha256 of its content ("dir" for folders)."""
     out = {}
@@ -313,9 +385,11 @@ def _snapshot(folder: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setupagent_template: Path) -> Path:
     for name, text in FILES.items():
         (tmp_path / name).write_text(text)
+    for entry in setupagent_template.iterdir():
+        shutil.copytree(entry, tmp_path / entry.name, symlinks=True)
     (tmp_path / "d").mkdir()
     (tmp_path / "lora_pickle").mkdir()  # a peft folder with pickle weights only
     (tmp_path / "lora_pickle" / "adapter_config.json").write_text("{}")

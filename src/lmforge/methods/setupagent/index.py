@@ -107,15 +107,18 @@ def build_wheel(name: str, version: str, files: Mapping[str, str | bytes], out_d
         entries[path] = content.encode() if isinstance(content, str) else bytes(content)
     entries[f"{info}/METADATA"] = ("\n".join(meta) + "\n").encode()
     entries[f"{info}/WHEEL"] = ("\n".join(wheel) + "\n").encode()
+    return _write_wheel(Path(out_dir) / f"{dist}-{version}-{tag}.whl", info, entries)
+
+
+def _write_wheel(target: Path, info: str, entries: dict[str, bytes]) -> Path:
+    """Zip ``entries`` (RECORD generated) deterministically into ``target``."""
     record = io.StringIO()
     writer = csv.writer(record, lineterminator="\n")
     for path, data in entries.items():
         writer.writerow([path, _record_hash(data), len(data)])
     writer.writerow([f"{info}/RECORD", "", ""])
     entries[f"{info}/RECORD"] = record.getvalue().encode()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    target = out / f"{dist}-{version}-{tag}.whl"
+    target.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for path, data in entries.items():
             zi = zipfile.ZipInfo(path, date_time=(1980, 1, 1, 0, 0, 0))
@@ -123,6 +126,54 @@ def build_wheel(name: str, version: str, files: Mapping[str, str | bytes], out_d
             zi.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(zi, data)
     return target
+
+
+_NOT_REPACKED = ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json")
+
+
+def wheel_from_installed(name: str, out_dir: str | Path) -> Path:
+    """Re-pack an installed pure-Python distribution as a wheel (e.g. pip or pytest for an offline
+    index), from the files its ``RECORD`` lists.
+
+    Kept: the files inside the install root (no ``../`` scripts, which pip regenerates from
+    ``entry_points.txt``) and the ``.dist-info`` metadata as installed (``METADATA``, ``WHEEL``,
+    ``entry_points.txt``, licences), without ``__pycache__``; ``RECORD`` is rebuilt. A
+    distribution that is not pure (``Root-Is-Purelib: false``) or whose files are missing is a
+    UserError. ``pip wheel`` cannot do this offline: it rebuilds from the source, not the install.
+    """
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        raise UserError(f"distribution {name!r} is not installed") from None
+    files = dist.files
+    if not files:
+        raise UserError(f"distribution {name!r} has no RECORD to re-pack")
+    dist_name, version = dist.metadata["Name"], dist.version
+    wheel_text = dist.read_text("WHEEL") or ""
+    if "Root-Is-Purelib: true" not in wheel_text:
+        raise UserError(f"distribution {name!r} is not a pure-Python wheel; it cannot be re-packed")
+    tags = [line.split(":", 1)[1].strip() for line in wheel_text.splitlines() if line.startswith("Tag:")]
+    tag = tags[0] if len(tags) == 1 else "py3-none-any"
+    info = ""
+    entries: dict[str, bytes] = {}
+    for item in files:
+        parts = item.parts
+        if not parts or parts[0] == ".." or "__pycache__" in parts or item.suffix == ".pyc":
+            continue
+        if parts[0].endswith(".dist-info"):
+            info = parts[0]
+            if len(parts) == 2 and parts[1] in _NOT_REPACKED:
+                continue
+        path = Path(item.locate())
+        try:
+            entries[item.as_posix()] = path.read_bytes()
+        except OSError as exc:
+            raise UserError(f"cannot read {path} of {name!r}: {exc}") from None
+    if not info:
+        raise UserError(f"distribution {name!r} lists no .dist-info folder")
+    return _write_wheel(Path(out_dir) / f"{_wheel_name(dist_name)}-{version}-{tag}.whl", info, entries)
 
 
 # -------------------------------------------------------------------------------------- the index
@@ -397,3 +448,12 @@ def _handler_for(index: LocalIndex) -> type[BaseHTTPRequestHandler]:
             self._send(404, b"not found\n", "text/plain")
 
     return Handler
+
+
+def serve(folder: str, upload_times: str | None = None) -> LocalIndex:
+    """Start a :class:`LocalIndex` of ``folder`` and return it (``url``, ``stop()``): the
+    :class:`lmforge.common.command_sandbox.Service` target that runs the index inside a sandbox's
+    private network namespace."""
+    index = LocalIndex(folder, upload_times)
+    index.start()
+    return index

@@ -1,0 +1,298 @@
+"""Run one candidate instance end to end in the command sandbox: a fresh virtual environment, the
+plan's installs against the date-capped local index, the tests before and after the fix, and the
+grade.
+
+SetUpAgent (Vergopoulos, Müller, Vechev, ICML 2025, arXiv 2503.07701) validates an instance by
+installing the repository at the fix's parent commit in a clean environment, running the tests
+with the test patch applied ("before") and with the fix applied too ("after"), and keeping it when
+some test goes from failing to passing. :class:`InstanceRunner` does this:
+
+* everything the repository brings (installs, its ``setup.py``, its tests) runs under
+  :func:`lmforge.common.command_sandbox.run_commands`: a private network namespace whose only
+  service is the loopback index (:func:`.index.serve`), CPU/memory/time limits, writes confined to
+  the instance's work folder by Landlock;
+* the work folder lives under a fresh system temporary folder (the output folder may sit below a
+  private home that sandboxed processes cannot traverse); the repository tree at ``base_commit``
+  is exported with ``git archive`` and unpacked with ``tarfile``'s ``data`` filter (no links out,
+  no device files); the patches are applied *inside* the sandbox by ``git apply``, so no file the
+  repository's code could have planted (a symlink) is ever written through by this process;
+* each environment gets the pip this process runs (re-packed by :func:`.index.wheel_from_installed`,
+  so ``--uploaded-prior-to`` exists whatever pip ``ensurepip`` would bring), installed offline from
+  the wheel; pip's config files and this machine's pip environment variables are ignored
+  (``PIP_CONFIG_FILE=/dev/null``, a scrubbed environment);
+* the date cap is pip's ``--uploaded-prior-to`` set to the instance's ``created_at``
+  (``PIP_UPLOADED_PRIOR_TO``), see :mod:`.index` for why this mechanism.
+
+A plan "runs" (:class:`.repair.RunOutcome` ``ok``) when every install exits 0 and the test
+commands' output parses to at least one test; otherwise the failing command and its output go to
+the repair loop (:mod:`.repair`). The tests' own exit status does not count: failing tests are
+expected before the fix.
+
+Libraries checked: ``swebench`` builds Docker images from fixed per-repository specs (no Docker
+here, and its specs are what SetUpAgent replaces); ``virtualenv``/``venv`` make the environment
+(``venv`` is used); ``tox`` runs commands but neither sandboxes them nor caps dates. The
+orchestration is written here.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lmforge.common.command_sandbox import CommandLimits, CommandResult, Service, SessionResult, run_commands
+from lmforge.common.errors import UserError
+from lmforge.methods.setupagent.extract import CommandRejected, SetupPlan
+from lmforge.methods.setupagent.grade import Grade, grade
+from lmforge.methods.setupagent.parsers import parse_log
+from lmforge.methods.setupagent.repair import RunOutcome
+
+__all__ = ["FixFailed", "InstanceRunner", "RunnerSettings", "TestRun", "export_tree"]
+
+_VENV = "venv"
+_REPO = "repo"
+_PIP_WHEEL_DIR = "pip"
+_INDEX_ENV = "PIP_INDEX_URL"
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """How instances are run.
+
+    Attributes:
+        index: the local index folder (wheels/sdists plus ``upload-times.json``), served inside
+            each sandbox on loopback; the only package source.
+        upload_times: another upload-times map for the folder (see :func:`.index.scan_folder`).
+        cap: cap dependencies at each instance's ``created_at`` (the paper's historical accuracy).
+        limits: per-command sandbox limits; ``wall_seconds`` is how long a hanging test command
+            may run before it is killed and reported.
+        python: the interpreter that creates each virtual environment.
+        require: sandbox layers without which nothing runs (:data:`.command_sandbox.COMMAND_LAYERS`).
+    """
+
+    index: Path
+    upload_times: Path | None = None
+    cap: bool = True
+    limits: CommandLimits = field(default_factory=lambda: CommandLimits(wall_seconds=600.0, cpu_seconds=600.0))
+    python: str = sys.executable
+    require: tuple[str, ...] = ("netns",)
+
+
+@dataclass
+class TestRun:
+    """One run of the test commands: their combined log, the parsed statuses, and how each ended."""
+
+    log: str
+    statuses: dict[str, str]
+    kinds: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"statuses": self.statuses, "kinds": self.kinds, "tests": len(self.statuses)}
+
+
+def export_tree(repo_root: Path, commit: str, dest: Path) -> None:
+    """Unpack the tree of ``commit`` into ``dest`` (created) with ``git archive`` + ``tarfile``'s
+    ``data`` filter (absolute paths, ``..``, links pointing outside and device files are refused)."""
+    if commit.startswith("-"):
+        raise UserError(f"'{commit}' is not a commit")
+    proc = subprocess.run(["git", "-C", str(repo_root), "archive", "--format=tar", commit],
+                          capture_output=True, check=False)
+    if proc.returncode != 0:
+        raise UserError(f"git archive {commit} failed: {proc.stderr.decode(errors='replace').strip()[:200]}")
+    dest.mkdir(parents=True, exist_ok=False)
+    try:
+        with tarfile.open(fileobj=io.BytesIO(proc.stdout)) as tar:
+            tar.extractall(dest, filter="data")
+    except tarfile.TarError as exc:  # FilterError: a link out of the tree, an absolute path, a device
+        raise UserError(f"the tree of {commit[:12]} cannot be unpacked safely: {exc}") from None
+
+
+def _combined(results: Sequence[CommandResult]) -> str:
+    parts = []
+    for r in results:
+        if r.kind == "not_run":
+            continue
+        parts.append(f"$ {' '.join(r.argv)}\n{r.output}")
+        if r.kind == "timeout":
+            parts.append(f"[lmforge] killed at the limit after {r.seconds:.0f} s: {' '.join(r.argv)}")
+    return "\n".join(parts)
+
+
+class InstanceRunner:
+    """Runs one instance's plans in fresh sandboxed environments.
+
+    Args:
+        repo_root: the git work tree (read with ``git archive`` only).
+        base_commit: the instance's starting commit.
+        patch, test_patch: the fix and the test change (unified diffs).
+        created_at: the instance's time; the date cap when ``settings.cap``.
+        settings: :class:`RunnerSettings`.
+        pip_wheel: a pip wheel with ``--uploaded-prior-to`` (built once by the caller with
+            :func:`.index.wheel_from_installed`).
+
+    :meth:`attempt` is the repair loop's ``run``: it sets up a fresh environment for the plan and
+    runs the tests with the test patch ("before"). After a successful attempt, :meth:`after`
+    applies the fix in the same environment and runs the tests again. :meth:`close` removes the
+    work folder.
+    """
+
+    def __init__(self, repo_root: Path, base_commit: str, patch: str, test_patch: str, created_at: str,
+                 settings: RunnerSettings, pip_wheel: Path) -> None:
+        self.repo_root = Path(repo_root)
+        self.base_commit = base_commit
+        self.created_at = created_at
+        self.settings = settings
+        self.top = Path(tempfile.mkdtemp(prefix="lmforge-setup-"))
+        os.chmod(self.top, 0o755)  # traversable by the sandbox's unprivileged user
+        self.tools = self.top / "tools"  # read-only for the sandbox: the patches and pip
+        self.tools.mkdir()
+        (self.tools / _PIP_WHEEL_DIR).mkdir()
+        self.pip_wheel = self.tools / _PIP_WHEEL_DIR / Path(pip_wheel).name
+        shutil.copyfile(pip_wheel, self.pip_wheel)
+        (self.tools / "test.patch").write_text(test_patch, encoding="utf-8")
+        (self.tools / "fix.patch").write_text(patch, encoding="utf-8")
+        for path in (self.tools, self.tools / _PIP_WHEEL_DIR):
+            os.chmod(path, 0o755)
+        for path in (self.pip_wheel, self.tools / "test.patch", self.tools / "fix.patch"):
+            os.chmod(path, 0o644)
+        self.work: Path | None = None
+        self.plan: SetupPlan | None = None
+        self.before_run: TestRun | None = None
+        self.layers: tuple[str, ...] = ()
+        self.attempts = 0
+
+    # ------------------------------------------------------------------ sandbox plumbing
+    def _env(self) -> dict[str, str]:
+        assert self.work is not None
+        env = {
+            "VIRTUAL_ENV": str(self.work / _VENV),
+            "PIP_CONFIG_FILE": os.devnull,  # no machine or user pip configuration
+            "PIP_NO_CACHE_DIR": "1",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "PIP_NO_INPUT": "1",
+            "PIP_PROGRESS_BAR": "off",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        if self.settings.cap:
+            env["PIP_UPLOADED_PRIOR_TO"] = self.created_at
+        return env
+
+    def _session(self, argvs: Sequence[Sequence[str]], *, stop_on_failure: bool) -> SessionResult:
+        assert self.work is not None
+        index = Service("lmforge.methods.setupagent.index:serve",
+                        {"folder": str(self.settings.index),
+                         "upload_times": str(self.settings.upload_times) if self.settings.upload_times else None},
+                        env=_INDEX_ENV)
+        result = run_commands(argvs, self.work, env=self._env(), path_prepend=[self.work / _VENV / "bin"],
+                              services=[index], limits=self.settings.limits, read_roots=[self.tools],
+                              require=self.settings.require, stop_on_failure=stop_on_failure,
+                              cwd=self.work / _REPO)
+        self.layers = result.layers
+        return result
+
+    def _fresh_work(self) -> None:
+        if self.work is not None:
+            shutil.rmtree(self.work, ignore_errors=True)
+        self.attempts += 1
+        self.work = self.top / f"work{self.attempts}"
+        self.work.mkdir()
+        export_tree(self.repo_root, self.base_commit, self.work / _REPO)
+
+    def _tests(self, plan: SetupPlan, test_argvs: list[list[str]], prefix: Sequence[Sequence[str]] = ()
+               ) -> tuple[SessionResult, TestRun | None]:
+        """Run ``prefix`` (stopping at a failure), then every test command (each runs whatever the
+        previous gave)."""
+        if prefix:
+            pre = self._session(prefix, stop_on_failure=True)
+            if pre.error or not pre.ok:
+                return pre, None
+        result = self._session(test_argvs, stop_on_failure=False)
+        if result.error:
+            return result, None
+        log = _combined(result.commands)
+        try:
+            statuses = parse_log(log, plan.test_framework)
+        except (KeyError, ValueError) as exc:
+            raise UserError(f"cannot parse the test log: {exc}") from None
+        return result, TestRun(log, statuses, [c.kind for c in result.commands])
+
+    # ------------------------------------------------------------------ the steps
+    def attempt(self, plan: SetupPlan) -> RunOutcome:
+        """Fresh environment, the plan's installs, the test patch, the tests ("before")."""
+        self.plan, self.before_run = None, None
+        try:
+            install, tests = plan.argvs()
+        except CommandRejected as exc:
+            return RunOutcome(False, f"rejected: {exc}", failed_command="(plan)", returncode=None)
+        if not tests:
+            return RunOutcome(False, "the plan has no test command", failed_command="(plan)")
+        self._fresh_work()
+        assert self.work is not None
+        venv_py = str(self.work / _VENV / "bin" / "python")
+        setup = [
+            [self.settings.python, "-m", "venv", "--without-pip", str(self.work / _VENV)],
+            [venv_py, str(self.pip_wheel / "pip"), "install", "--quiet", "--no-index", "--no-deps",
+             str(self.pip_wheel)],
+            *install,
+            ["git", "apply", "--verbose", str(self.tools / "test.patch")],
+        ]
+        pre, run = self._tests(plan, tests, prefix=setup)
+        if pre.error:
+            return RunOutcome(False, pre.error, failed_command="(sandbox)")
+        if run is None:
+            failed = next((c for c in pre.commands if c.kind not in ("ok", "not_run")), None)
+            return RunOutcome(False, _combined(pre.commands),
+                              failed_command=" ".join(failed.argv) if failed else None,
+                              returncode=failed.returncode if failed else None)
+        hung = next((c for c in pre.commands if c.kind == "timeout"), None)
+        if hung is not None:
+            # NOTE: statuses from a run that was killed are partial; the plan does not count as run.
+            return RunOutcome(False, run.log, failed_command=" ".join(hung.argv), returncode=None)
+        if not run.statuses:
+            last = next((c for c in reversed(pre.commands) if c.kind != "not_run"), None)
+            return RunOutcome(False, run.log + "\n[lmforge] no test status could be parsed from the output",
+                              failed_command=" ".join(last.argv) if last else None,
+                              returncode=last.returncode if last else None)
+        self.plan, self.before_run = plan, run
+        return RunOutcome(True, run.log)
+
+    def after(self) -> TestRun:
+        """Apply the fix in the environment of the last successful :meth:`attempt`; run the tests."""
+        if self.plan is None or self.before_run is None:
+            raise RuntimeError("after() needs a successful attempt() first")
+        _, tests = self.plan.argvs()
+        fix = [["git", "apply", "--verbose", str(self.tools / "fix.patch")]]
+        result, run = self._tests(self.plan, tests, prefix=fix)
+        if run is None:
+            why = result.error or _combined(result.commands)[-2000:]
+            raise FixFailed(f"the fix did not apply or the tests could not run: {why}")
+        hung = next((c for c in result.commands if c.kind == "timeout"), None)
+        if hung is not None:
+            raise FixFailed(f"the tests after the fix were killed at the limit after {hung.seconds:.0f} s: "
+                            f"{' '.join(hung.argv)}")
+        return run
+
+    def grade(self, after: TestRun) -> Grade:
+        assert self.before_run is not None
+        return grade(self.before_run.statuses, after.statuses)
+
+    def close(self) -> None:
+        shutil.rmtree(self.top, ignore_errors=True)
+
+    def __enter__(self) -> InstanceRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class FixFailed(RuntimeError):
+    """The gold patch did not apply, or the tests did not run after it."""
