@@ -66,6 +66,22 @@ UNITTEST_ONLY = {
 }
 
 
+@pytest.mark.parametrize(("command", "expected"), [
+    ("{envpython} -m unittest -v {posargs}", "tox -e py"),        # more-itertools 10.7.0: already verbose
+    ("python -m unittest {posargs}", "tox -e py -- -v"),
+    ("pytest -rA {posargs}", "tox -e py"),
+    ("{envpython} -m pytest {posargs:tests}", "tox -e py"),        # a default posargs is not "{posargs}"
+    ("coverage run -m pytest {posargs}", "tox -e py -- -rA"),
+    ("sphinx-build docs out {posargs}", "tox -e py"),             # neither runner: nothing passed through
+])
+def test_tox_posargs_follow_the_inner_runner(tmp_path: Path, command: str, expected: str):
+    # passing pytest's -rA to a unittest command makes it exit 2 (found on more-itertools' sdist)
+    repo = _repo(tmp_path, {"tox.ini": f"[tox]\nenvlist = py311\n\n[testenv]\ncommands = {command}\n"})
+    plan = extract_rules(repo)
+    assert plan.test_framework == "tox"
+    assert plan.test_commands == [expected]
+
+
 def test_tox_only_repo(tmp_path: Path):
     plan = extract_rules(_repo(tmp_path, TOX_ONLY))
     assert plan.test_framework == "tox"

@@ -209,3 +209,100 @@ def test_local_version_files_download_and_format_query_selects_json(tmp_path: Pa
         assert hashlib.sha256(data).hexdigest() == entry["hashes"]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
         ctype, _ = _get(idx.url + "toydep/?format=application/vnd.pypi.simple.v1+json")
         assert ctype.startswith(JSON_TYPE)
+
+
+# ------------------------------------------------------------------- wheel_from_installed, serve
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def test_wheel_from_installed_repacks_the_installed_files(tmp_path: Path):
+    import csv
+    import io
+    from importlib import metadata
+
+    from lmforge.methods.setupagent.index import wheel_from_installed
+
+    dist = metadata.distribution("iniconfig")
+    path = wheel_from_installed("iniconfig", tmp_path / "wheels")
+    assert path.name == f"iniconfig-{dist.version}-py3-none-any.whl"
+    info = f"iniconfig-{dist.version}.dist-info"
+    # what should be in it, read here from the install: every file of its RECORD inside the install
+    # root, without byte code and without what an installer writes (INSTALLER, REQUESTED, direct_url.json)
+    expected: dict[str, bytes] = {}
+    for item in dist.files or []:
+        parts = item.parts
+        if parts[0] == ".." or "__pycache__" in parts or item.suffix == ".pyc":
+            continue
+        if parts[0] == info and len(parts) == 2 and parts[1] in ("RECORD", "INSTALLER", "REQUESTED",
+                                                                 "direct_url.json"):
+            continue
+        expected[item.as_posix()] = Path(item.locate()).read_bytes()
+    assert "iniconfig/__init__.py" in expected and f"{info}/METADATA" in expected
+    with zipfile.ZipFile(path) as zf:
+        assert zf.testzip() is None
+        contents = {name: zf.read(name) for name in zf.namelist()}
+    record_text = contents.pop(f"{info}/RECORD").decode()
+    assert contents == expected  # byte for byte, nothing more and nothing less
+    rows = list(csv.reader(io.StringIO(record_text)))
+    assert sorted(r[0] for r in rows) == sorted([*contents, f"{info}/RECORD"])  # each file listed once
+    for name, digest, size in rows:
+        if name == f"{info}/RECORD":
+            assert digest == size == ""
+            continue
+        assert digest == _record_hash(contents[name]), name
+        assert int(size) == len(contents[name])
+    # pip installs it offline, and what it installed imports (from the target, not this environment)
+    target = tmp_path / "site"
+    res = _pip("install", "--no-index", "--no-deps", "--target", str(target), str(path))
+    assert res.returncode == 0, res.stderr
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import iniconfig; "
+             "from importlib.metadata import version; "
+             "print(iniconfig.__file__); print(version('iniconfig')); "
+             "print(iniconfig.IniConfig('x.ini', data='[s]\\nk = v\\n')['s']['k'])")
+    out = subprocess.run([sys.executable, "-I", "-c", probe, str(target)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    file, version, value = out.stdout.split()
+    assert Path(file).resolve() == (target / "iniconfig" / "__init__.py").resolve()
+    assert version == dist.version and value == "v"
+    assert (target / info / "RECORD").is_file() and (target / info / "INSTALLER").read_text().strip() == "pip"
+    # deterministic: a second re-pack is the same bytes
+    assert wheel_from_installed("iniconfig", tmp_path / "again").read_bytes() == path.read_bytes()
+
+
+def test_wheel_from_installed_refuses_unknown_and_non_pure(tmp_path: Path):
+    from importlib import metadata
+
+    from lmforge.methods.setupagent.index import wheel_from_installed
+
+    with pytest.raises(UserError, match="not installed"):
+        wheel_from_installed("no-such-distribution-lmforge", tmp_path)
+    platlib = next((d.metadata["Name"] for d in metadata.distributions()
+                    if "Root-Is-Purelib: false" in (d.read_text("WHEEL") or "")), None)
+    if platlib is not None:
+        with pytest.raises(UserError, match="not a pure-Python wheel"):
+            wheel_from_installed(platlib, tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+def test_serve_returns_a_started_index_that_stops(wheels: Path):
+    from lmforge.methods.setupagent.index import serve
+
+    idx = serve(str(wheels), str(wheels / "upload-times.json"))
+    try:
+        assert isinstance(idx, LocalIndex)
+        url = idx.url
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/simple/")
+        ctype, body = _get(url)
+        assert ctype.startswith("text/html") and 'href="toydep/"' in body.decode()
+        _, page = _get(idx.url + "toydep/", accept=JSON_TYPE)
+        assert {f["upload-time"] for f in json.loads(page)["files"]} == set(TIMES.values())
+    finally:
+        idx.stop()
+    with pytest.raises(urllib.error.URLError):
+        _get(url)
+    with pytest.raises(RuntimeError, match="not running"):
+        idx.url

@@ -561,3 +561,16 @@ def test_real_runs_agree_with_swebench(swebench_ref, real_logs):
     sb = swebench_ref.parse_log_django(log)
     assert {k: v for k, v in sb.items() if k not in _header_words(log)} == \
         {k: v for k, v in parse_unittest(log).items() if k != "test_xf (test_ut.T.test_xf)"}
+
+
+def test_unittest_name_keeps_a_description_s_trailing_space(swebench_ref):
+    # idna 3.10 describes tests by data lines that end in "; ", so the verbose line has the name
+    # "…; " before " ... ok"; swebench keeps that space, and an exported FAIL_TO_PASS name must equal
+    # the key the harness will parse
+    log = ("test_a (t.T.test_a) ... ok\n"
+           "IdnaTestV2.txt line 98: fass.de; ; ; ; ; ;  ... ok\n"
+           "IdnaTestV2.txt line 99: x; y;  ... FAIL\n")
+    ours = parse_unittest(log)
+    assert ours == {"test_a (t.T.test_a)": "PASSED", "IdnaTestV2.txt line 98: fass.de; ; ; ; ; ; ": "PASSED",
+                    "IdnaTestV2.txt line 99: x; y; ": "FAILED"}
+    assert ours == swebench_ref.parse_log_django(log)

@@ -421,7 +421,23 @@ def _command_lines(root: Path, files: list[Path]) -> list[tuple[str, str, int]]:
     return found
 
 
-def _force_verbose(argv: list[str], framework: str, posargs: bool) -> list[str]:
+def _tox_posargs(tox_cmds: list[tuple[str, int, str]]) -> list[str]:
+    """What to pass through tox's ``{posargs}`` so the inner runner prints one line per test:
+    ``-rA`` for pytest, ``-v`` for unittest, unless the command has it already; nothing when no
+    command takes ``{posargs}`` or the inner runner is neither."""
+    for cmd, _, _ in tox_cmds:
+        if "{posargs}" not in cmd:
+            continue
+        words = cmd.replace("{posargs}", " ").split()
+        if re.search(r"-m\s+unittest\b", cmd):
+            return [] if any(w in ("-v", "--verbose") for w in words) else ["-v"]
+        if re.search(r"(?:^|[\s/}])(?:py\.test|pytest)\b", cmd):
+            return [] if any(w == "-rA" or (w.startswith("-r") and "A" in w) for w in words) else ["-rA"]
+        return []
+    return []
+
+
+def _force_verbose(argv: list[str], framework: str, posargs: list[str]) -> list[str]:
     argv = [_ALIASES.get(argv[0], argv[0])] + argv[1:]
     if framework == "pytest":
         if not any(a == "-rA" or (a.startswith("-r") and "A" in a) for a in argv):
@@ -434,8 +450,10 @@ def _force_verbose(argv: list[str], framework: str, posargs: bool) -> list[str]:
         # the current one. The inner runner is made verbose through {posargs} when tox.ini has it.
         if "-e" not in argv and not any(a.startswith("-e") for a in argv[1:]):
             argv += ["-e", "py"]
+        # NOTE: a first version always passed -rA, which broke a tox.ini whose command is
+        # ``python -m unittest -v {posargs}`` (more-itertools 10.7.0, the real-world run).
         if posargs and "--" not in argv:
-            argv += ["--", "-rA"]
+            argv += ["--", *posargs]
     return argv
 
 
@@ -516,7 +534,7 @@ def extract_rules(root: str | Path) -> SetupPlan:
     test_cmd: list[str] | None = None
     framework = ""
     tox_cmds = _tox_commands(path)
-    posargs = any("{posargs}" in c for c, _, _ in tox_cmds)
+    posargs = _tox_posargs(tox_cmds)
     for cmd, rel, line in _command_lines(path, files):
         try:
             argv = check_command(cmd)

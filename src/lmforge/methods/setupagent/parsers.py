@@ -166,7 +166,9 @@ def parse_unittest(log: str) -> dict[str, str]:
             continue
         if " ... " in line:
             name, _, tail = line.partition(" ... ")
-            name = name.strip()
+            # NOTE: not stripped on the right: a docstring description can end in a space, and
+            # swebench's parser (the harness that grades exported instances) keeps it; found on
+            # idna 3.10's IdnaTestV2 tests in the real-world run.
             verdict = _unittest_verdict(tail, same_line=True)
             if verdict is None:
                 pending = name  # the verdict follows on a later line

@@ -36,12 +36,10 @@ orchestration is written here.
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -98,21 +96,80 @@ class TestRun:
         return {"statuses": self.statuses, "kinds": self.kinds, "tests": len(self.statuses)}
 
 
+_GIT_SAFE = ("-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null")
+
+
+def _git_out(repo_root: Path, *args: str, stdin: bytes | None = None) -> bytes:
+    proc = subprocess.run(["git", *_GIT_SAFE, "-C", str(repo_root), *args], input=stdin, capture_output=True,
+                          check=False, env={"PATH": os.environ.get("PATH", os.defpath), "LC_ALL": "C",
+                                            "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1"})
+    if proc.returncode != 0:
+        raise UserError(f"git {args[0]} failed: {proc.stderr.decode(errors='replace').strip()[:200]}")
+    return proc.stdout
+
+
 def export_tree(repo_root: Path, commit: str, dest: Path) -> None:
-    """Unpack the tree of ``commit`` into ``dest`` (created) with ``git archive`` + ``tarfile``'s
-    ``data`` filter (absolute paths, ``..``, links pointing outside and device files are refused)."""
+    """Write the tree of ``commit`` into ``dest`` (created) exactly as stored: file bytes, the
+    executable bit, symlinks (empty folders for submodules).
+
+    NOTE: read with the plumbing commands ``git ls-tree`` and ``git cat-file --batch``, which apply
+    no ``.gitattributes`` and run nothing: ``git archive`` (the first version) honours the
+    repository's ``export-ignore``/``export-subst`` (a repository could drop its own tests from the
+    export) and runs the smudge filters its configuration names, outside any sandbox. A symlink
+    whose target is absolute or leaves the tree, and a path with ``..`` or ``.git`` parts, are
+    refused (:class:`UserError`), as ``tarfile``'s ``data`` filter would.
+    """
     if commit.startswith("-"):
         raise UserError(f"'{commit}' is not a commit")
-    proc = subprocess.run(["git", "-C", str(repo_root), "archive", "--format=tar", commit],
-                          capture_output=True, check=False)
-    if proc.returncode != 0:
-        raise UserError(f"git archive {commit} failed: {proc.stderr.decode(errors='replace').strip()[:200]}")
+    listing = _git_out(repo_root, "ls-tree", "-r", "-z", "--full-tree", f"{commit}^{{tree}}")
+    entries = []
+    for item in listing.split(b"\0"):
+        if not item:
+            continue
+        meta, _, raw_path = item.partition(b"\t")
+        mode, kind, sha = meta.decode().split()
+        path = os.fsdecode(raw_path)
+        parts = path.split("/")
+        if path.startswith("/") or any(p in ("", ".", "..", ".git") for p in parts):
+            raise UserError(f"the tree of {commit[:12]} cannot be unpacked safely: bad path {path!r}")
+        entries.append((mode, kind, sha, path))
+    blobs = [e for e in entries if e[1] == "blob"]
+    data = _git_out(repo_root, "cat-file", "--batch",
+                    stdin="".join(f"{sha}\n" for _, _, sha, _ in blobs).encode()) if blobs else b""
+    contents: dict[str, bytes] = {}
+    at = 0
+    for _, _, sha, path in blobs:
+        header_end = data.index(b"\n", at)
+        size = int(data[at:header_end].split()[2])
+        contents[path] = data[header_end + 1:header_end + 1 + size]
+        at = header_end + 1 + size + 1
     dest.mkdir(parents=True, exist_ok=False)
-    try:
-        with tarfile.open(fileobj=io.BytesIO(proc.stdout)) as tar:
-            tar.extractall(dest, filter="data")
-    except tarfile.TarError as exc:  # FilterError: a link out of the tree, an absolute path, a device
-        raise UserError(f"the tree of {commit[:12]} cannot be unpacked safely: {exc}") from None
+    root = dest.resolve()
+    links = []
+    for mode, kind, _, path in entries:
+        target = dest / path
+        if kind == "commit":  # a submodule: its folder, empty (as a clone without --recursive)
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        if mode == "120000":
+            links.append((target, os.fsdecode(contents[path]), path))
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755 if mode == "100755" else 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(contents[path])
+    for target, link, path in links:  # after every file: no write can go through a link
+        resolved = os.path.normpath(os.path.join(os.path.dirname(os.path.join(str(root), path)), link))
+        if os.path.isabs(link) or not (resolved == str(root) or resolved.startswith(str(root) + os.sep)):
+            raise UserError(f"the tree of {commit[:12]} cannot be unpacked safely: the link {path!r} points "
+                            f"outside the tree ({'absolute' if os.path.isabs(link) else 'relative'} target {link!r})")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(link, target)
+    for target, link, path in links:  # chains of links, resolved by the filesystem (e.g. "l -> ." then "m -> l/..")
+        real = os.path.realpath(target)
+        if not (real == str(root) or real.startswith(str(root) + os.sep)):
+            raise UserError(f"the tree of {commit[:12]} cannot be unpacked safely: the link {path!r} points "
+                            f"outside the tree through other links (target {link!r})")
 
 
 def _combined(results: Sequence[CommandResult]) -> str:
@@ -163,6 +220,7 @@ class InstanceRunner:
             os.chmod(path, 0o755)
         for path in (self.pip_wheel, self.tools / "test.patch", self.tools / "fix.patch"):
             os.chmod(path, 0o644)
+        self.has_test_patch = bool(test_patch.strip())
         self.work: Path | None = None
         self.plan: SetupPlan | None = None
         self.before_run: TestRun | None = None
@@ -242,25 +300,29 @@ class InstanceRunner:
             [venv_py, str(self.pip_wheel / "pip"), "install", "--quiet", "--no-index", "--no-deps",
              str(self.pip_wheel)],
             *install,
-            ["git", "apply", "--verbose", str(self.tools / "test.patch")],
         ]
-        pre, run = self._tests(plan, tests, prefix=setup)
-        if pre.error:
-            return RunOutcome(False, pre.error, failed_command="(sandbox)")
+        if self.has_test_patch:  # a release checked as it is (no fix) has none
+            setup.append(["git", "apply", "--verbose", str(self.tools / "test.patch")])
+        # the setup session's result when it failed, else the test session's
+        session, run = self._tests(plan, tests, prefix=setup)
+        if session.error:
+            return RunOutcome(False, session.error, failed_command="(sandbox)")
         if run is None:
-            failed = next((c for c in pre.commands if c.kind not in ("ok", "not_run")), None)
-            return RunOutcome(False, _combined(pre.commands),
+            failed = next((c for c in session.commands if c.kind not in ("ok", "not_run")), None)
+            return RunOutcome(False, _combined(session.commands),
                               failed_command=" ".join(failed.argv) if failed else None,
                               returncode=failed.returncode if failed else None)
-        hung = next((c for c in pre.commands if c.kind == "timeout"), None)
+        hung = next((c for c in session.commands if c.kind == "timeout"), None)
         if hung is not None:
             # NOTE: statuses from a run that was killed are partial; the plan does not count as run.
             return RunOutcome(False, run.log, failed_command=" ".join(hung.argv), returncode=None)
         if not run.statuses:
-            last = next((c for c in reversed(pre.commands) if c.kind != "not_run"), None)
+            # the first test command that did not end well, else the first one (none printed a test)
+            ran = [c for c in session.commands if c.kind != "not_run"]
+            cmd = next((c for c in ran if c.kind != "ok"), ran[0] if ran else None)
             return RunOutcome(False, run.log + "\n[lmforge] no test status could be parsed from the output",
-                              failed_command=" ".join(last.argv) if last else None,
-                              returncode=last.returncode if last else None)
+                              failed_command=" ".join(cmd.argv) if cmd else None,
+                              returncode=cmd.returncode if cmd else None)
         self.plan, self.before_run = plan, run
         return RunOutcome(True, run.log)
 
