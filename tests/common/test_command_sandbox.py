@@ -31,6 +31,7 @@ from lmforge.common.command_sandbox import (
     CommandResult,
     Service,
     SessionResult,
+    namespaces_available,
     run_commands,
 )
 from lmforge.common.errors import UserError
@@ -43,18 +44,7 @@ ECHO_SERVICE = "tests.common.test_command_sandbox:start_echo_service"
 IS_LINUX_ROOT = sys.platform == "linux" and os.geteuid() == 0
 
 
-def _netns_allowed() -> bool:
-    """Whether this machine lets root create network and PID namespaces (some containers refuse)."""
-    if not IS_LINUX_ROOT:
-        return False
-    probe = (
-        "import ctypes, sys; "
-        "sys.exit(ctypes.CDLL(None, use_errno=True).unshare(0x40000000 | 0x20000000) != 0)"
-    )
-    return subprocess.run([PY, "-I", "-c", probe], timeout=30).returncode == 0
-
-
-NAMESPACES = _netns_allowed()
+NAMESPACES = namespaces_available()
 LANDLOCK_ABI = sb._landlock_abi()
 needs_root = pytest.mark.skipif(not IS_LINUX_ROOT, reason="the uid drop needs Linux and root")
 needs_namespaces = pytest.mark.skipif(
@@ -536,3 +526,9 @@ def test_every_layer_is_up_as_root_with_landlock(area):
     result = run([["true"]], area / "work", require=COMMAND_LAYERS if LANDLOCK_ABI else ("netns",))
     expected = {"rlimits", "pidns", "netns", "uid"} | ({"landlock"} if LANDLOCK_ABI else set())
     assert set(result.layers) == expected and result.ok
+
+
+def test_namespaces_available_agrees_with_a_session(tmp_path):
+    # the probe callers use to skip must say what a real session then reports
+    result = run_commands([[PY, "-c", "pass"]], tmp_path, require=())
+    assert namespaces_available() == {"pidns", "netns"}.issubset(result.layers)

@@ -146,16 +146,11 @@ def test_parsers_agree_on_a_unittest_log_despite_the_header_words(ref) -> None:
 # ------------------------------------------------------------------------------------ quick run
 
 
-def _sandbox_runs() -> bool:
-    if sys.platform != "linux" or os.geteuid() != 0:
-        return False
-    probe = "import ctypes, sys; sys.exit(ctypes.CDLL(None, use_errno=True).unshare(0x40000000 | 0x20000000) != 0)"
-    return subprocess.run([sys.executable, "-I", "-c", probe], timeout=30).returncode == 0
-
-
 @pytest.mark.slow  # 3 repositories, each set up twice in the command sandbox: about a minute; `make test-slow`
 def test_setupagent_reproduction_quick(tmp_path: Path) -> None:
-    if not _sandbox_runs():
+    from lmforge.common.command_sandbox import namespaces_available
+
+    if not namespaces_available():
         pytest.skip("the command sandbox needs Linux root and a network/PID namespace")
     from lmforge.reproduce.base import ReproduceOptions, get
 

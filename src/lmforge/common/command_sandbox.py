@@ -108,6 +108,7 @@ from lmforge.common.sandbox import (
 
 __all__ = [
     "COMMAND_LAYERS",
+    "namespaces_available",
     "CommandLimits",
     "CommandResult",
     "Service",
@@ -151,6 +152,22 @@ _BOOTSTRAP = (
     "_runner_main(payload, int(sys.argv[2]))\n"
 )
 
+
+
+def namespaces_available() -> bool:
+    """Whether this process may give the commands their PID and network namespaces (Linux, root
+    or CAP_SYS_ADMIN, and a kernel/container that allows them): probed in a throwaway child, so
+    callers (and tests) can tell "this machine cannot sandbox" before trying."""
+    import subprocess
+
+    if sys.platform != "linux" or os.geteuid() != 0:
+        return False
+    probe = ("import ctypes, sys; "
+             "sys.exit(ctypes.CDLL(None, use_errno=True).unshare(0x40000000 | 0x20000000) != 0)")
+    try:
+        return subprocess.run([sys.executable, "-I", "-c", probe], timeout=30, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 @dataclass(frozen=True)
 class CommandLimits:

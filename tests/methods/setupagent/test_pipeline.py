@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from lmforge.common import sandbox as sb
-from lmforge.common.command_sandbox import CommandLimits
+from lmforge.common.command_sandbox import CommandLimits, namespaces_available
 from lmforge.common.errors import UserError
 from lmforge.methods.setupagent import StopRun
 from lmforge.methods.setupagent.extract import LLMExtractor, ScriptedLLM
@@ -48,18 +48,7 @@ from lmforge.reproduce.setupagent import test_id as _tid  # renamed: not a test 
 IS_LINUX_ROOT = sys.platform == "linux" and os.geteuid() == 0
 
 
-def _netns_allowed() -> bool:
-    """Whether this machine lets root create network and PID namespaces (as the sandbox tests probe)."""
-    if not IS_LINUX_ROOT:
-        return False
-    probe = (
-        "import ctypes, sys; "
-        "sys.exit(ctypes.CDLL(None, use_errno=True).unshare(0x40000000 | 0x20000000) != 0)"
-    )
-    return subprocess.run([sys.executable, "-I", "-c", probe], timeout=30).returncode == 0
-
-
-NAMESPACES = _netns_allowed()
+NAMESPACES = namespaces_available()
 LANDLOCK_ABI = sb._landlock_abi()
 SANDBOX_REASON = "the command sandbox needs Linux root and a network/PID namespace (not available here)"
 needs_sandbox = pytest.mark.skipif(not NAMESPACES, reason=SANDBOX_REASON)
