@@ -532,3 +532,20 @@ def test_namespaces_available_agrees_with_a_session(tmp_path):
     # the probe callers use to skip must say what a real session then reports
     result = run_commands([[PY, "-c", "pass"]], tmp_path, require=())
     assert namespaces_available() == {"pidns", "netns"}.issubset(result.layers)
+
+
+@needs_root
+@needs_namespaces
+def test_a_link_planted_at_the_working_folder_is_not_followed(tmp_path):
+    # command 1 swaps a parent of the working folder for a link to /usr; command 2 must not start
+    # in /usr/bin (Popen's own chdir would have followed it as root; the child now enters the
+    # folder as nobody and checks it is still beneath the work folder)
+    (tmp_path / "a" / "bin").mkdir(parents=True)
+    swap = (f"import os; w = {str(tmp_path)!r}; os.rename(os.path.join(w, 'a'), os.path.join(w, 'a_old')); "
+            "os.symlink('/usr', os.path.join(w, 'a'))")
+    result = run_commands([[PY, "-c", swap], [PY, "-c", "import os; print('cwd=' + os.getcwd())"]],
+                          tmp_path, cwd="a/bin", stop_on_failure=False)
+    assert result.commands[0].kind == "ok", result.commands[0].output
+    second = result.commands[1]
+    assert second.kind == "failed" and second.returncode == 126, second
+    assert "cwd=" not in second.output

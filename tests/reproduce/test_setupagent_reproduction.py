@@ -160,7 +160,7 @@ def test_setupagent_reproduction_quick(tmp_path: Path) -> None:
     assert m["capped: valid"] == "3/3"
     assert m["uncapped: valid"] == "0/3"
     # every repository's first plan is wrong in both conditions, and one repair fixes it
-    assert m["errors repaired by the scripted model"] == 6
+    assert m["setups whose working plan came from a repair"] == 6
     assert "netns" in m["sandbox layers"]
     assert any("quick run: 3 repositories" in n for n in res.notes)
     details = json.loads((tmp_path / "details.json").read_text())
@@ -177,3 +177,12 @@ def test_setupagent_reproduction_quick(tmp_path: Path) -> None:
         assert agree == total and int(total) == 12  # before and after, 3 repositories, both conditions
     else:
         assert res.held is False
+
+
+def test_repaired_counts_only_a_repair_that_worked():
+    from lmforge.reproduce.setupagent import repaired
+
+    assert repaired({"repair": {"ok": True, "rounds": [{}, {}]}})
+    assert not repaired({"repair": {"ok": True, "rounds": [{}]}})          # the first plan worked
+    assert not repaired({"repair": {"ok": False, "rounds": [{}, {}, {}]}})  # repairs that never worked
+    assert not repaired({"repair": None})

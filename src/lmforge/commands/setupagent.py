@@ -51,13 +51,15 @@ _SETUP_HELP = (
     "  error: something else went wrong for this candidate (the reason says what)\n\n"
     "Everything the repository brings (installs, its setup scripts, its tests) runs in lmforge's command "
     "sandbox: a private network namespace whose only service is the local index on loopback (no other "
-    "network), as the user nobody, with writes confined to a temporary work folder and per-command limits "
-    "(--timeout wall-clock and CPU seconds, --memory-mb address space). The index folder holds the "
+    "network), in its own PID namespace, as the user nobody, with Landlock confining writes to a temporary "
+    "work folder, and per-command limits (--timeout wall-clock and CPU seconds, --memory-mb address space). "
+    "Every layer is required: where one is missing (not root, no namespaces, no Landlock) the command stops "
+    "with one line before any of the repository's code runs. The index folder holds the "
     "wheels/sdists that may be installed; with the date cap (the default) each file needs a PEP 700 upload "
     "time in INDEX/upload-times.json (or --upload-times), and pip installs only files uploaded before the "
     "fix's commit time.\n\n"
-    "Rerunning the same command resumes: candidates with a record in runs/ are not run again (whatever the "
-    "options); --overwrite starts over. Exit status 0 when at least one instance is valid; otherwise one line "
+    "Rerunning the same command resumes: candidates with a record in runs/ are not run again (records "
+    "made with the other --cap/--no-cap setting are refused); --overwrite starts over. Exit status 0 when at least one instance is valid; otherwise one line "
     "'error: no valid instance ...' with each candidate's status and reason, and exit status 2 (the records "
     "stay in runs/, so a rerun resumes)."
 )
@@ -239,6 +241,8 @@ def setup(
             on_record=lambda r: lines.append(_record_line(r)))
     except _ModelFailed as exc:
         raise UserError(f"cannot make the extractor model {extractor!r}: {' '.join(str(exc).split())}") from None
+    except StopRun as exc:  # e.g. the command sandbox cannot run on this machine
+        raise UserError(f"{' '.join(str(exc).split())} (nothing was recorded for the candidate it stopped at)") from None
     summary = _summary(report.counts(), len(report.records))
     if not report.valid:
         failing = "; ".join(_record_line(r) for r in report.records)

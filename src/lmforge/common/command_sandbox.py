@@ -66,7 +66,7 @@ are not killed (the fallback is ``killpg`` of the command's group, plus the pare
 command that was running when the session ended); ``RLIMIT_NPROC`` counts every process of
 ``nobody`` on the machine, those of other sessions included; the CPU limit is per process, not per
 command (the wall limit bounds the command); the number and total size of files written in the
-work folder are not capped (each file is, by ``RLIMIT_FSIZE``); Landlock (up to ABI 7) does not
+work folder are not capped (each file is, by ``RLIMIT_FSIZE``), and the private ``/dev/shm`` (a tmpfs of ``memory_mb``) is memory outside ``RLIMIT_AS`` that lasts the whole session; the recursive ``chown`` of the work folder works by path, so a process left from an earlier session could race it (impossible with the PID namespace, which kills every leftover); Landlock (up to ABI 7) does not
 cover ``connect`` to a unix socket file or path lookups (``stat``), so host sockets are guarded
 only by their permissions against ``nobody``; ``/tmp`` is not writable (``TMPDIR`` points into the
 work folder, which ``tempfile`` honours); services must not start processes (init kills every
@@ -972,6 +972,7 @@ class _Confiner:
         self.steps |= _STEP_UID if drop_uid else 0
         self.steps |= _STEP_LANDLOCK if ruleset is not None else 0
         self.cwd: bytes | None = None
+        self.root = ""  # the work folder's real path: the working folder must stay beneath it
 
     def __call__(self) -> None:
         """Confine this (forked, about to exec) process; raise if a step that worked in the probe
@@ -994,11 +995,6 @@ class _Confiner:
                 done |= _STEP_MOUNTS
             else:
                 fail("make the read roots traversable")
-        if self.cwd is not None:
-            try:
-                os.chdir(self.cwd)  # again: the folder may be a bind mount now
-            except OSError:
-                pass
         # 2. nobody; 3. no_new_privs (Landlock's condition without CAP_SYS_ADMIN); 4. Landlock.
         if self.steps & _STEP_UID:
             try:
@@ -1010,6 +1006,17 @@ class _Confiner:
                 pass
             if not done & _STEP_UID:
                 fail("drop to the user nobody")
+        # The working folder, entered only now (Popen gets no cwd: its chdir would run as root
+        # before this function), with the command's own permissions, and it must still be inside
+        # the work folder: an earlier command of the session may have put a link in its place.
+        if self.cwd is not None:
+            try:
+                os.chdir(self.cwd)
+                here = os.getcwd()
+            except OSError:
+                here = ""
+            if not (here == self.root or here.startswith(self.root + os.sep)):
+                raise OSError(1, "the command sandbox could not enter the working folder inside the work folder")
         nnp = self._prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
         if self.steps & _STEP_LANDLOCK:
             assert self.ruleset is not None
@@ -1146,6 +1153,7 @@ def _init_main(payload: dict[str, Any], reporter: _Reporter, entered: set[str]) 
     reporter.send({"services": urls})
 
     confiner.cwd = payload["cwd"].encode()
+    confiner.root = payload["workdir"]
     for index, argv in enumerate(payload["argvs"]):
         result = _run_one(argv, index, payload["cwd"], env, limits, confiner, reporter, pidns)
         reporter.send({"command": result})
@@ -1215,10 +1223,11 @@ def _run_one(
         seconds = round(time.monotonic() - start, 3)
         return {"kind": kind, "returncode": code, "output": output, "seconds": seconds}
 
+    if os.path.islink(cwd) or not os.path.isdir(cwd):  # for the message; the check that counts is the child's
+        return result("failed", 126, f"[command sandbox: the folder {cwd} does not exist or is a link]\n")
     try:
         proc = subprocess.Popen(
             argv,
-            cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -1226,9 +1235,7 @@ def _run_one(
             start_new_session=True,
             preexec_fn=confiner,  # noqa: PLW1509 - everything it calls is bound before the fork
         )
-    except FileNotFoundError as exc:
-        if exc.filename == cwd:
-            return result("failed", 126, f"[command sandbox: the folder {cwd} does not exist]\n")
+    except FileNotFoundError:
         return result("failed", 127, f"[command sandbox: {argv[0]}: command not found]\n")
     except PermissionError:
         return result("failed", 126, f"[command sandbox: {argv[0]}: permission denied]\n")

@@ -34,6 +34,11 @@ module's harness, not in the method, and they were fixed: the scripted model's u
 matched the shell-quoted pattern text and never fired, and :func:`test_id` named unittest tests by
 ``tests.test_core`` where ``discover -s tests`` reports ``test_core``. The conditions did not change.
 
+NOTE (changed after the verdict run, reported): a review found that the repair count behind the
+third condition counted every round after the first, failed or repeated ones included; it now
+counts setups whose working plan came from a repair (:func:`repaired`). The condition's text and
+threshold are unchanged; the verdict was re-run with the corrected count.
+
 NOTE: the paper's headline (agents up to 60% less successful on SWEE/SWA than on SWE-bench) needs
 frontier coding agents run on hundreds of real repositories; it cannot be re-run on a CPU and is
 not claimed here. What this checks is the mechanism the benchmark rests on: historically accurate
@@ -244,6 +249,13 @@ def parsers_agree(log: str, framework: str, ours: dict[str, str], ref: Any) -> b
     return ours == {k: v for k, v in sb.items() if k not in headers}
 
 
+def repaired(record: dict[str, Any]) -> bool:
+    """Whether the plan that worked came from a repair: the loop ended ok after more than one
+    round. (Counting rounds after the first would count failed and repeated rounds too.)"""
+    loop = record.get("repair") or {}
+    return bool(loop.get("ok")) and len(loop.get("rounds") or []) > 1
+
+
 def conditions(capped: list[dict[str, Any]], uncapped: list[dict[str, Any]], repairs: int,
                agreement: list[bool] | None) -> dict[str, Any]:
     """``capped``/``uncapped``: per repository, ``{"valid": bool, "exact": bool}``. Held when every
@@ -253,7 +265,7 @@ def conditions(capped: list[dict[str, Any]], uncapped: list[dict[str, Any]], rep
     checks = {
         "capped: all valid with the planted sets": all(r["valid"] and r["exact"] for r in capped),
         "uncapped: at most half valid": sum(r["valid"] for r in uncapped) <= n // 2,
-        "the model repaired at least one error": repairs >= 1,
+        "the model repaired at least one error": repairs >= 1,  # setups whose working plan is a repair
         "parsers agree with swebench on every log": bool(agreement) and all(agreement),
     }
     return {"checks": checks, "held": all(checks.values()), "swebench_available": agreement is not None}
@@ -350,7 +362,7 @@ def _one_condition(repos: list[Path], index: Path, out: Path, cap: bool, ref: An
         inst = (rec or {}).get("instance") or {}
         valid = rec is not None and rec["status"] == "valid"
         exact = valid and sorted(inst["FAIL_TO_PASS"]) == want_f2p and sorted(inst["PASS_TO_PASS"]) == want_p2p
-        repairs += sum(int(r.get("repairs") or 0) for r in report.records)
+        repairs += sum(repaired(r) for r in report.records)
         rows.append({"valid": valid, "exact": exact})
         details.append({"repo": f"proj{i}", "framework": _framework(i), "eager_import": _eager(i),
                         "records": len(report.records), "status": rec["status"] if rec else "none",
@@ -386,7 +398,7 @@ def run(cfg: ReproduceOptions) -> ClaimResult:
         "capped: valid with the planted sets": f"{sum(r['exact'] for r in capped)}/{n}",
         "capped: valid": f"{sum(r['valid'] for r in capped)}/{n}",
         "uncapped: valid": f"{sum(r['valid'] for r in uncapped)}/{n}",
-        "errors repaired by the scripted model": rep_c + rep_u,
+        "setups whose working plan came from a repair": rep_c + rep_u,
         "logs where lmforge's parser agrees with swebench's":
             f"{sum(agree_c + agree_u)}/{len(agree_c + agree_u)}" if ref is not None else "swebench not installed",
         "sandbox layers": ", ".join(det_c[0]["layers"] or []) if det_c and det_c[0]["layers"] else "none",

@@ -531,3 +531,56 @@ def test_a_repository_whose_tests_try_to_reach_outside(world: dict[str, Path], t
     finally:
         for folder in request_cleanup:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_resume_refuses_records_made_with_the_other_cap_setting(world: dict[str, Path], capped: dict[str, Any],
+                                                                tmp_path: Path) -> None:
+    # a record made with the cap must not be resumed (and exported) by a run without it
+    out = tmp_path / "out"
+    shutil.copytree(capped["out"], out)
+    with pytest.raises(UserError, match="made with the date cap"):
+        _setup(world["repo0"], out, world["index"], cap=False)
+
+
+def test_a_repository_name_starting_with_a_dot_is_refused(world: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="starts with '.'"):
+        setup_repository(world["repo0"], tmp_path / "out", index=world["index"], repo=".hidden", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_sandbox_that_cannot_run_stops_the_run_and_records_nothing(world: dict[str, Path], tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # not a plan's failure: repairing it would be pointless, and a record would be resumed later
+    import lmforge.methods.setupagent.runner as runner
+    from lmforge.common.command_sandbox import SessionResult
+    from lmforge.methods.setupagent.runner import SandboxUnavailable
+
+    why = "the command sandbox needs a network namespace (root or CAP_SYS_ADMIN); this machine refused one"
+    calls: list[int] = []
+
+    def refused(argvs: Any, *args: Any, **kwargs: Any) -> SessionResult:
+        calls.append(1)
+        return SessionResult(commands=[], layers=("rlimits",), services={}, error=why)
+
+    monkeypatch.setattr(runner, "run_commands", refused)
+    model = ScriptedLLM(scripted_model)
+    with pytest.raises(SandboxUnavailable, match="network namespace"):
+        setup_repository(world["repo0"], tmp_path / "out", index=world["index"], extractor=LLMExtractor(model),
+                         progress=False)
+    assert calls == [1] and len(model.prompts) == 1  # no repair was asked for
+    assert not list((tmp_path / "out" / "runs").glob("*.json"))
+
+
+@pytest.mark.skipif(not IS_LINUX_ROOT, reason="needs root to give the clone to another user")
+def test_a_clone_owned_by_another_user_is_mined_and_exported(tmp_path: Path) -> None:
+    # as root (the sandbox needs root), git refuses "dubious ownership" unless told otherwise
+    from lmforge.methods.setupagent.mine import mine
+
+    repo = make_repo(tmp_path / "repo", 1)
+    for dirpath, dirnames, filenames in os.walk(repo):
+        for name in dirnames + filenames:
+            os.chown(os.path.join(dirpath, name), 65534, 65534, follow_symlinks=False)
+    os.chown(repo, 65534, 65534)
+    cand = mine(repo).candidates[0]
+    export_tree(repo, cand.instance.base_commit, tmp_path / "tree")
+    assert (tmp_path / "tree" / "proj1" / "core.py").is_file()

@@ -145,9 +145,16 @@ def _git_env() -> dict[str, str]:
     return env
 
 
-# Settings that would change what git prints, pinned whatever the user's configuration says.
+# Settings that would change what git prints, pinned whatever the user's configuration says; and
+# the ones that would make git run a command the repository's own configuration names (fsmonitor,
+# hooks; external diff and textconv are off per command).
+# NOTE: safe.directory=* lets root (the sandbox needs root) read a clone owned by another user, which
+# git otherwise refuses as "dubious ownership" (and which surfaced as "not a git repository"); the
+# ownership check guards against such configured commands, which these settings switch off.
+GIT_SAFETY = ("-c", "safe.directory=*", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null")
 _GIT_CONFIG = ("-c", "core.quotepath=off", "-c", "log.showSignature=false", "-c", "diff.noprefix=false",
-               "-c", "diff.mnemonicPrefix=false", "-c", "diff.relative=false", "-c", "i18n.logOutputEncoding=UTF-8")
+               "-c", "diff.mnemonicPrefix=false", "-c", "diff.relative=false", "-c", "i18n.logOutputEncoding=UTF-8",
+               *GIT_SAFETY)
 
 
 def _git(root: Path, *args: str) -> bytes:

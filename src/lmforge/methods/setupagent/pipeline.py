@@ -202,6 +202,9 @@ def setup_repository(path: str | Path, out: str | Path, *, index: str | Path, up
     if max_rounds < 1:
         raise UserError(f"max_rounds must be at least 1, got {max_rounds}")
     root = repo_root(path)
+    if (repo or root.name).startswith("."):
+        raise UserError(f"the repository name {repo or root.name!r} starts with '.', which would start every "
+                        "instance id (and its record's file name) with one; give another with --repo")
     index_path = Path(index)
     times_path = Path(upload_times) if upload_times is not None else None
     check_index(index_path, times_path, cap)
@@ -217,6 +220,13 @@ def setup_repository(path: str | Path, out: str | Path, *, index: str | Path, up
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"output path exists and is not a folder: {out}")
+    if not overwrite and (out / "runs").is_dir():
+        # NOTE: a resumed record must have been made the way this run would make it; only the cap
+        # changes what a record means (limits and the extractor change how likely it is to work).
+        made = {bool(r["cap"]) for r in _read_records(out) if "cap" in r}
+        if made - {cap}:
+            raise UserError(f"{out} holds records made {'with' if not cap else 'without'} the date cap; run with "
+                            "the same setting to resume, or give --overwrite to start over")
     if overwrite:
         for sub in ("runs", "logs"):
             shutil.rmtree(out / sub, ignore_errors=True)

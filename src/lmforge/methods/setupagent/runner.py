@@ -46,14 +46,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmforge.common.command_sandbox import CommandLimits, CommandResult, Service, SessionResult, run_commands
+from lmforge.common.command_sandbox import (
+    COMMAND_LAYERS,
+    CommandLimits,
+    CommandResult,
+    Service,
+    SessionResult,
+    run_commands,
+)
 from lmforge.common.errors import UserError
+from lmforge.methods.setupagent import StopRun
 from lmforge.methods.setupagent.extract import CommandRejected, SetupPlan
 from lmforge.methods.setupagent.grade import Grade, grade
+from lmforge.methods.setupagent.mine import GIT_SAFETY
 from lmforge.methods.setupagent.parsers import parse_log
 from lmforge.methods.setupagent.repair import RunOutcome
 
-__all__ = ["FixFailed", "InstanceRunner", "RunnerSettings", "TestRun", "export_tree"]
+__all__ = ["FixFailed", "InstanceRunner", "SandboxUnavailable", "RunnerSettings", "TestRun", "export_tree"]
 
 _VENV = "venv"
 _REPO = "repo"
@@ -73,7 +82,9 @@ class RunnerSettings:
         limits: per-command sandbox limits; ``wall_seconds`` is how long a hanging test command
             may run before it is killed and reported.
         python: the interpreter that creates each virtual environment.
-        require: sandbox layers without which nothing runs (:data:`.command_sandbox.COMMAND_LAYERS`).
+        require: sandbox layers without which nothing runs; default all of
+            :data:`.command_sandbox.COMMAND_LAYERS` (a machine that cannot give them stops the run
+            with :class:`SandboxUnavailable` rather than run a repository's code with less).
     """
 
     index: Path
@@ -81,7 +92,7 @@ class RunnerSettings:
     cap: bool = True
     limits: CommandLimits = field(default_factory=lambda: CommandLimits(wall_seconds=600.0, cpu_seconds=600.0))
     python: str = sys.executable
-    require: tuple[str, ...] = ("netns",)
+    require: tuple[str, ...] = COMMAND_LAYERS
 
 
 @dataclass
@@ -96,11 +107,10 @@ class TestRun:
         return {"statuses": self.statuses, "kinds": self.kinds, "tests": len(self.statuses)}
 
 
-_GIT_SAFE = ("-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null")
 
 
 def _git_out(repo_root: Path, *args: str, stdin: bytes | None = None) -> bytes:
-    proc = subprocess.run(["git", *_GIT_SAFE, "-C", str(repo_root), *args], input=stdin, capture_output=True,
+    proc = subprocess.run(["git", *GIT_SAFETY, "-C", str(repo_root), *args], input=stdin, capture_output=True,
                           check=False, env={"PATH": os.environ.get("PATH", os.defpath), "LC_ALL": "C",
                                             "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1"})
     if proc.returncode != 0:
@@ -214,6 +224,7 @@ class InstanceRunner:
         (self.tools / _PIP_WHEEL_DIR).mkdir()
         self.pip_wheel = self.tools / _PIP_WHEEL_DIR / Path(pip_wheel).name
         shutil.copyfile(pip_wheel, self.pip_wheel)
+        self.pip_version = self.pip_wheel.name.split("-")[1]
         (self.tools / "test.patch").write_text(test_patch, encoding="utf-8")
         (self.tools / "fix.patch").write_text(patch, encoding="utf-8")
         for path in (self.tools, self.tools / _PIP_WHEEL_DIR):
@@ -241,6 +252,13 @@ class InstanceRunner:
         }
         if self.settings.cap:
             env["PIP_UPLOADED_PRIOR_TO"] = self.created_at
+        # NOTE: tox (and nox) make their environments with virtualenv, which seeds its own bundled
+        # pip; one older than 26 ignores PIP_UPLOADED_PRIOR_TO. virtualenv is told to seed the
+        # re-packed pip from the tools folder instead, and never to download.
+        env["VIRTUALENV_EXTRA_SEARCH_DIR"] = str(self.pip_wheel.parent)
+        env["VIRTUALENV_PIP"] = self.pip_version
+        env["VIRTUALENV_DOWNLOAD"] = "0"
+        env["VIRTUALENV_NO_PERIODIC_UPDATE"] = "1"
         return env
 
     def _session(self, argvs: Sequence[Sequence[str]], *, stop_on_failure: bool) -> SessionResult:
@@ -305,8 +323,8 @@ class InstanceRunner:
             setup.append(["git", "apply", "--verbose", str(self.tools / "test.patch")])
         # the setup session's result when it failed, else the test session's
         session, run = self._tests(plan, tests, prefix=setup)
-        if session.error:
-            return RunOutcome(False, session.error, failed_command="(sandbox)")
+        if session.error:  # the sandbox itself, not the plan: no repair can help, and no record is kept
+            raise SandboxUnavailable(session.error)
         if run is None:
             failed = next((c for c in session.commands if c.kind not in ("ok", "not_run")), None)
             return RunOutcome(False, _combined(session.commands),
@@ -333,6 +351,8 @@ class InstanceRunner:
         _, tests = self.plan.argvs()
         fix = [["git", "apply", "--verbose", str(self.tools / "fix.patch")]]
         result, run = self._tests(self.plan, tests, prefix=fix)
+        if result.error:
+            raise SandboxUnavailable(result.error)
         if run is None:
             why = result.error or _combined(result.commands)[-2000:]
             raise FixFailed(f"the fix did not apply or the tests could not run: {why}")
@@ -354,6 +374,11 @@ class InstanceRunner:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class SandboxUnavailable(StopRun):
+    """The command sandbox could not run a session (a required layer is missing, a service did not
+    start): the whole run stops, with the sandbox's one-line reason."""
 
 
 class FixFailed(RuntimeError):
