@@ -63,7 +63,8 @@ TITLE = ("Automated Benchmark Generation for Repository-Level Coding Tasks (SetU
 N_REPOS = 12
 N_REPOS_QUICK = 3
 PAPER = {"repositories (SWEE-Bench vs SWE-bench)": "hundreds vs 12",
-         "agent success vs SWE-bench": "up to 60% lower (needs frontier agents; not reproduced)"}
+         "agent success vs SWE-bench": "up to 60% lower (ICML abstract; a stored arXiv version of 2503.07701 says "
+                                       "40%; needs frontier agents, not reproduced)"}
 TOYDEP = {"1.0": "2022-03-01T00:00:00Z", "1.1": "2022-11-15T00:00:00Z", "2.0": "2024-02-01T00:00:00Z"}
 REFERENCE_UPLOAD = "2021-06-01T00:00:00Z"  # pytest and its dependencies, re-packed
 RUNNER_DISTS = ("pytest", "pluggy", "iniconfig", "packaging", "pygments")
