@@ -123,6 +123,15 @@ CASES: list[tuple[str, list[str], str]] = [
      "both --vit-cap"),
     ("train-omnibal-micro", ["train", "omnibal", "--lengths", "internvl", "--out", "o", "--stages", "4",
                              "--micro-batches", "2"], "micro-batches"),
+    # (nccl/cuda: "needs CUDA" without a GPU; with one, the pairing rule gloo/cpu, nccl/cuda names them too)
+    ("train-omnibal-nccl", ["train", "omnibal", "--lengths", "internvl", "--out", "o", "--backend", "nccl"], "nccl"),
+    ("train-omnibal-cuda", ["train", "omnibal", "--lengths", "internvl", "--out", "o", "--device", "cuda"], "cuda"),
+    ("train-omnibal-backend", ["train", "omnibal", "--lengths", "internvl", "--out", "o", "--backend", "mpi"],
+     "backend"),
+    ("train-omnibal-capacity-source", ["train", "omnibal", "--lengths", "internvl", "--out", "o",
+                                       "--capacity-source", "guess"], "capacity-source"),
+    ("train-omnibal-capacity-both", ["train", "omnibal", "--lengths", "internvl", "--out", "o", "--capacity-mb", "64",
+                                     "--capacity-source", "measured"], "not both"),
     # SelfCite and UDora
     ("selfcite-bon-n", ["align", "selfcite-bon", "-m", NANO, "--data", "docs.jsonl", "--out", "o", "--n", "0"],
      "N must be >= 1"),

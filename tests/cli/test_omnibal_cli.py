@@ -1,5 +1,13 @@
 """``lmforge train omnibal``: bad inputs are one line and exit 2 with nothing written; a run writes a
-report whose groups cover every sample once, and real steps report a throughput ratio."""
+report whose groups cover every sample once, and real steps report a throughput ratio.
+
+The per-stage times in the report are checked against closed forms: a stage's forward time is the
+sum of its layers' profiled forward times, its backward time the sum of their backward times plus
+the forward time of each recomputed layer; the simulated step is the 1F1B simulator's on those stage
+times, between ``m · slowest stage`` and ``(m + p − 1) · (max forward + max backward)``. The
+measured capacity is checked against a meminfo file the test writes, and the recompute plan in the
+report against brute force over every subset of each stage's layers.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +15,12 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
+from lmforge.methods.omnibal import plan as P
+from lmforge.methods.omnibal.simulate import simulate_1f1b_trace
 from tests.cli.helpers import call, one_error_line
+from tests.methods.omnibal.test_capacity import _brute_plan, _closed_capacity, _meminfo
 
 TINY = ["--vit-layers", "1", "--llm-layers", "2", "--d-model", "16", "--patch-tokens", "4", "--vit-mlp-ratio", "4",
         "--dp", "2", "--micro-batches", "2", "--rounds", "5"]
@@ -28,6 +40,12 @@ def _lengths(path, n=240, seed=0):
     (None, ["--vit-cap", "2", "--token-cap", "1000"], "exceed the caps"),
     (None, ["--stages", "40"], "more than the model's"),
     (None, ["--vit-cap", "9"], "both --vit-cap and --token-cap"),
+    (None, ["--capacity-mb", "0"], "--capacity-mb must be positive"),
+    (None, ["--capacity-mb", "64", "--capacity-source", "modelled"], "not both"),
+    (None, ["--capacity-source", "guess"], "--capacity-source must be"),
+    (None, ["--backend", "mpi"], "--backend must be gloo or nccl"),
+    (None, ["--backend", "nccl"], "nccl"),
+    (None, ["--device", "cuda"], "cuda"),
 ])
 def test_bad_inputs_are_one_line_and_write_nothing(tmp_path, monkeypatch, capsys, records, extra, message):
     f = tmp_path / "lengths.json"
@@ -47,7 +65,8 @@ def test_plan_only_run_writes_groups_that_cover_every_sample_once(tmp_path, monk
     recs = _lengths(f)
     out = tmp_path / "out"
     code, stdout, err = call(monkeypatch, capsys, "train", "omnibal", "--lengths", str(f), "--out", str(out),
-                             "--steps", "0", "--vit-cap", "9", "--token-cap", "2600", *TINY, "--json")
+                             "--steps", "0", "--vit-cap", "9", "--token-cap", "2600", "--capacity-source", "modelled",
+                             *TINY, "--json")
     assert code == 0, err
     report = json.loads(stdout)
     assert report == json.loads((out / "omnibal.json").read_text())
@@ -92,3 +111,149 @@ def test_a_large_capacity_plans_without_recompute(tmp_path, monkeypatch, capsys)
     assert code == 0, err
     rec = json.loads(stdout)["recompute"]
     assert rec["recomputed_layers"] == [] and rec["capacity_bytes"] == 100000 * 2**20
+
+
+PLAN = ["--steps", "0", "--vit-cap", "9", "--token-cap", "2600", "--llm-layers", "4", "--stages", "3",
+        "--micro-batches", "4"]
+
+
+def _plan_run(tmp_path, monkeypatch, capsys, *extra):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    f = tmp_path / "lengths.json"
+    _lengths(f)
+    out = tmp_path / "out"
+    code, stdout, err = call(monkeypatch, capsys, "train", "omnibal", "--lengths", str(f), "--out", str(out),
+                             *TINY, *PLAN, *extra)
+    assert code == 0, err
+    return json.loads((out / "omnibal.json").read_text()), stdout, err
+
+
+def test_stage_times_are_layer_sums_and_agree_with_the_simulator(tmp_path, monkeypatch, capsys):
+    """Each configuration's per-stage times are the sums of the profiled per-layer times over the
+    stage's layers; its step and idle times are the simulator's on them; the printed order of the
+    configurations by slowest stage is the order of their busiest simulated stages."""
+    report, stdout, _ = _plan_run(tmp_path, monkeypatch, capsys, "--capacity-source", "modelled")
+    fwd, bwd = report["profile_ms"]["fwd"], report["profile_ms"]["bwd"]
+    n, m, part = len(fwd), report["partition"]["micro_batches"], report["partition"]
+    sim = report["simulated"]
+    assert n == 1 + 1 + 1 + 4 + 1 and m == 4 and list(sim) == ["equal", "anchor", "bmp", "bmp+recompute"]
+    configs = {"equal": (part["equal"], set(range(n))), "anchor": (part["anchor"], set(range(n))),
+               "bmp": (part["bmp"], set(range(n))),
+               "bmp+recompute": (part["bmp"], set(report["recompute"]["recomputed_layers"]))}
+    busiest = {}
+    for name, (bounds, rec) in configs.items():
+        r = sim[name]
+        assert r["boundaries"] == bounds
+        cuts = [0, *bounds, n]
+        want_f, want_b = [], []
+        for s in range(3):  # a naive loop over each stage's layers
+            tf = tb = 0.0
+            for i in range(cuts[s], cuts[s + 1]):
+                tf += fwd[i]
+                tb += bwd[i] + (fwd[i] if i in rec else 0.0)
+            want_f.append(tf)
+            want_b.append(tb)
+        assert [1e3 * x for x in r["stage_fwd_s"]] == pytest.approx(want_f, rel=1e-9)
+        assert [1e3 * x for x in r["stage_bwd_s"]] == pytest.approx(want_b, rel=1e-9)
+        assert [1e3 * x for x in r["stage_s"]] == pytest.approx([a + b for a, b in zip(want_f, want_b)], rel=1e-9)
+        assert 1e3 * r["slowest_stage_s"] == pytest.approx(max(a + b for a, b in zip(want_f, want_b)), rel=1e-9)
+        trace = simulate_1f1b_trace(r["stage_fwd_s"], r["stage_bwd_s"], m)
+        assert r["step_s"] == trace.makespan and r["bubble_s"] == list(trace.bubble)
+        assert r["slowest_stage"] == max(range(3), key=lambda s: (trace.busy[s], -s))  # the least idle stage
+        assert m * r["slowest_stage_s"] <= r["step_s"] * (1 + 1e-12)
+        assert r["step_s"] <= (m + 2) * (max(r["stage_fwd_s"]) + max(r["stage_bwd_s"])) * (1 + 1e-12)
+        busiest[name] = max(trace.busy) / m
+    # recompute only adds backward time: the plan's stages are never slower than full recompute's
+    assert all(a <= b * (1 + 1e-12) for a, b in zip(sim["bmp+recompute"]["stage_s"], sim["bmp"]["stage_s"]))
+    line = next(ln for ln in stdout.splitlines() if ln.startswith("slowest stage, fastest first: "))
+    words = line.removeprefix("slowest stage, fastest first: ").removesuffix(" ms").split()
+    order, rels = words[0::3], words[2::3]
+    assert sorted(order) == sorted(sim) and all(r in ("<", "=") for r in rels)
+    for a, b, rel in zip(order, order[1:], rels):
+        assert busiest[a] <= busiest[b] * (1 + 1e-12)
+        assert (rel == "=") == (sim[a]["slowest_stage_s"] == sim[b]["slowest_stage_s"])
+    for name in sim:  # one printed line per configuration, with its stage times
+        row = next(ln for ln in stdout.splitlines() if ln.startswith(f"  {name} "))
+        assert f"slowest stage {sim[name]['slowest_stage']} " in row
+    for c in part["candidates"]:  # BMP's ranked candidates carry their stage times (full recompute)
+        cuts = [0, *c["boundaries"], n]
+        want = [sum(fwd[i] + bwd[i] + fwd[i] for i in range(cuts[s], cuts[s + 1])) for s in range(3)]
+        assert [1e3 * x for x in c["stage_s"]] == pytest.approx(want, rel=1e-9)
+
+
+def test_measured_capacity_plans_as_brute_force(tmp_path, monkeypatch, capsys):
+    """With a meminfo file whose MemAvailable puts the capacity between full recompute's need and no
+    recompute's, the report names the measured source and bytes, and its plan is brute force's."""
+    modelled, _, _ = _plan_run(tmp_path / "a", monkeypatch, capsys, "--capacity-source", "modelled")
+    rec = modelled["recompute"]
+    target = rec["capacity_bytes"]  # halfway on the equal split's fullest stage
+    kb = -(-(target + 512 * 2**20) * 3 * 10 // 9) // 1024  # 3 ranks (--stages 3) share the machine
+    f = tmp_path / "meminfo"
+    _meminfo(f, kb)
+    monkeypatch.setattr(P, "MEMINFO", f)
+    report, stdout, err = _plan_run(tmp_path / "b", monkeypatch, capsys)
+    assert "warning" not in err
+    rec = report["recompute"]
+    cap = _closed_capacity(kb * 1024, 3, 512 * 2**20)
+    assert rec["capacity_source"] == "measured" and rec["capacity_bytes"] == cap
+    assert rec["measured"] == {"device": "cpu", "read_from": "/proc/meminfo MemAvailable", "free_bytes": [kb * 1024],
+                               "ranks": [3], "margin_fraction": 0.1, "reserve_bytes": 512 * 2**20, "capacity": cap}
+    assert f"{cap / 2**20:.1f} MiB per stage, measured" in stdout
+    lb = rec["layer_bytes"]
+    mem = P.LayerMemory(lb["param"], lb["activation"], lb["recompute_delta"])
+    assert lb == modelled["recompute"]["layer_bytes"]  # bytes are deterministic; times are not
+    fwd_s = [x / 1e3 for x in report["profile_ms"]["fwd"]]
+    keep = _brute_plan(mem, fwd_s, report["partition"]["bmp"], cap, 4)
+    assert set(rec["recomputed_layers"]) == keep
+    n = report["model"]["layers"]
+    assert 0 < len(keep) < n  # the capacity binds: some layers keep recompute, some do not
+    assert max(rec["stage_bytes_plan"]) <= cap
+
+
+def test_missing_meminfo_falls_back_to_the_modelled_rule(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(P, "MEMINFO", tmp_path / "no-meminfo")
+    report, stdout, err = _plan_run(tmp_path, monkeypatch, capsys, "--json")
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("warning: cannot read the free memory") and "modelled" in lines[0]
+    rec = report["recompute"]
+    assert rec["capacity_source"] == "modelled" and rec["measured"] is None and "no-meminfo" in rec["warning"]
+    lb, equal, n = rec["layer_bytes"], report["partition"]["equal"], report["model"]["layers"]
+    mem = P.LayerMemory(lb["param"], lb["activation"], lb["recompute_delta"])
+    full = max(P.stage_memory(mem, equal, set(range(n)), 4))
+    none = max(P.stage_memory(mem, equal, set(), 4))
+    assert rec["capacity_bytes"] == full + (none - full) // 2
+    again, _, err = _plan_run(tmp_path / "b", monkeypatch, capsys, "--capacity-source", "modelled")
+    assert "warning" not in err and again["recompute"]["warning"] is None
+    assert again["recompute"]["capacity_bytes"] == rec["capacity_bytes"]
+
+
+def test_a_machine_too_small_for_full_recompute_is_warned_about(tmp_path, monkeypatch, capsys):
+    f = tmp_path / "meminfo"
+    _meminfo(f, 1024 * 1024)  # 1 GiB for 3 ranks: below the 512 MiB reserve each, capacity 0
+    monkeypatch.setattr(P, "MEMINFO", f)
+    report, _, err = _plan_run(tmp_path, monkeypatch, capsys, "--json")
+    rec = report["recompute"]
+    assert rec["capacity_bytes"] == 0 and rec["recomputed_layers"] == list(range(report["model"]["layers"]))
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert lines == ["warning: stages 0, 1, 2 need more than the capacity of 0.0 MiB even with full recompute "
+                     "(modelled)"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_one_stage_on_nccl_measures_cuda_memory(tmp_path, monkeypatch, capsys):
+    """The CUDA path end to end on one device: profile on CUDA, the capacity from mem_get_info, real
+    steps of one stage on NCCL (world size 1)."""
+    f = tmp_path / "lengths.json"
+    _lengths(f, n=400)
+    out = tmp_path / "out"
+    code, stdout, err = call(monkeypatch, capsys, "train", "omnibal", "--lengths", str(f), "--out", str(out),
+                             *TINY, "--vit-cap", "9", "--token-cap", "2600", "--stages", "1", "--steps", "2",
+                             "--backend", "nccl", "--device", "cuda", "--json")
+    assert code == 0, err
+    report = json.loads(stdout)
+    rec = report["recompute"]
+    assert rec["capacity_source"] == "measured" and rec["measured"]["read_from"] == "torch.cuda.mem_get_info"
+    assert rec["measured"]["ranks"] == [1] and rec["capacity_bytes"] > 0
+    assert report["run"] == {"backend": "nccl", "device": "cuda"}
+    assert len(report["real_runs"]["omnibal"]["step_seconds"]) == 2

@@ -4,9 +4,16 @@ From a per-sample length file (the official ``{"vit_num", "token_num"}`` records
 official cap search unless caps are given) and reports PadRatio and DistRatio against random
 micro-batches; profiles a VLM-shaped model on a typical ISF micro-batch; picks BMP's pipeline
 partition and the recompute plan; and, unless ``--steps 0``, trains that model for real on
-``--stages`` gloo processes (1F1B), the baseline and OmniBal side by side. It writes
-``omnibal.json`` (everything reported) and ``groups.jsonl`` (the ISF micro-batches as sample
-indices, for a user's own data loader).
+``--stages`` processes (1F1B; gloo on the CPU, or NCCL with ``--device cuda``), the baseline and
+OmniBal side by side. It writes ``omnibal.json`` (everything reported) and ``groups.jsonl`` (the
+ISF micro-batches as sample indices, for a user's own data loader).
+
+The report shows where the time goes: per pipeline stage, the profiled forward and backward time
+of one micro-batch and the simulated 1F1B step (with each stage's idle time) for the equal split,
+the greedy anchor, BMP's pick and BMP's pick with the recompute plan. The recompute plan's
+capacity is measured (the free memory now, less a safety margin: see
+:func:`~lmforge.methods.omnibal.plan.measured_capacity`) unless ``--capacity-mb`` states it or
+``--capacity-source modelled`` asks for the modelled rule; ``omnibal.json`` says which was used.
 """
 
 from __future__ import annotations
@@ -28,6 +35,64 @@ def _finite(x: float) -> float | None:
     return None if x != x or x in (float("inf"), float("-inf")) else x
 
 
+def _check_devices(backend: str, device: str, stages: int, steps: int) -> None:
+    """``--backend`` and ``--device``: known names, CUDA present when asked for, one device per NCCL rank."""
+    if backend not in ("gloo", "nccl"):
+        raise UserError(f"--backend must be gloo or nccl, got {backend!r}")
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"--device must be cpu or cuda, got {device!r}")
+    if backend == "gloo" and device == "cpu":
+        return
+    import torch
+
+    asked = "--backend nccl" if backend == "nccl" else "--device cuda"
+    if not torch.cuda.is_available():
+        raise UserError(f"{asked} needs CUDA, and torch.cuda.is_available() is False here")
+    # NOTE: NCCL communicates CUDA tensors only, and gloo's point-to-point send/recv (what the
+    # pipeline's stages use) takes CPU tensors only (torch.distributed's backend table): the two
+    # working pairs are gloo/cpu and nccl/cuda.
+    if backend == "nccl" and device != "cuda":
+        raise UserError("--backend nccl needs --device cuda (NCCL communicates CUDA tensors only)")
+    if backend == "gloo" and device == "cuda":
+        raise UserError("--device cuda needs --backend nccl (gloo's pipeline sends take CPU tensors only)")
+    if steps and torch.cuda.device_count() < stages:
+        raise UserError(f"--backend nccl puts each of the {stages} stages on its own CUDA device, and "
+                        f"{torch.cuda.device_count()} are visible: lower --stages or pass --steps 0")
+
+
+def _capacity_text(rec: dict[str, Any]) -> str:
+    """How the recompute plan's capacity was found, in words."""
+    m = rec["measured"]
+    if rec["capacity_source"] == "stated":
+        return "stated by --capacity-mb"
+    if m is None:
+        return "modelled: halfway between full recompute and none on the equal split's fullest stage"
+    shares = ", ".join(f"{f / 2**20:.0f} MiB / {k} rank{'s' if k > 1 else ''}"
+                       for f, k in zip(m["free_bytes"], m["ranks"], strict=True))
+    return (f"measured, {m['read_from']} {shares}, less {100 * m['margin_fraction']:.0f}% and "
+            f"{m['reserve_bytes'] / 2**20:.0f} MiB per rank")
+
+
+def _stage_lines(sim: dict[str, dict[str, Any]], n_micro: int) -> list[str]:
+    """Per configuration: each stage's forward+backward ms per micro-batch, the slowest stage, the
+    simulated step and each stage's idle time; then the configurations by slowest stage."""
+    lines = [f"per stage, one micro-batch (forward+backward ms) and the simulated 1F1B step of {n_micro} "
+             "micro-batches:"]
+    width = max(len(k) for k in sim)
+    for name, r in sim.items():
+        stages = " | ".join(f"{1e3 * f:.1f}+{1e3 * b:.1f}" for f, b in zip(r["stage_fwd_s"], r["stage_bwd_s"]))
+        idle = " | ".join(f"{1e3 * x:.1f}" for x in r["bubble_s"])
+        lines.append(f"  {name:<{width}} {r['boundaries']}: {stages}; slowest stage {r['slowest_stage']} "
+                     f"({1e3 * r['slowest_stage_s']:.1f} ms); step {1e3 * r['step_s']:.1f} ms, idle {idle} ms")
+    order = sorted(sim, key=lambda k: sim[k]["slowest_stage_s"])  # stable: ties keep the report's order
+    text = order[0] + f" {1e3 * sim[order[0]]['slowest_stage_s']:.2f}"
+    for a, b in zip(order, order[1:]):
+        rel = "=" if sim[a]["slowest_stage_s"] == sim[b]["slowest_stage_s"] else "<"
+        text += f" {rel} {b} {1e3 * sim[b]['slowest_stage_s']:.2f}"
+    lines.append(f"slowest stage, fastest first: {text} ms")
+    return lines
+
+
 @train_app.command("omnibal")
 def omnibal_cmd(
     lengths: Annotated[str, typer.Option(help="Per-sample lengths: a JSON list (or .jsonl) of {'vit_num', 'token_num'} records, an official wrap file {name: {'token_lengths': PATH}}, or `internvl` for the generator fitted to InternVL-1.2M's released lengths.")],
@@ -43,7 +108,10 @@ def omnibal_cmd(
     micro_batches: Annotated[int, typer.Option(help="Micro-batches per step (1F1B needs at least --stages).")] = 8,
     steps: Annotated[int, typer.Option(help="Real training steps per configuration on --stages gloo processes; 0: plan only.")] = 20,
     top_k: Annotated[int, typer.Option(help="BMP: how many of the best-ranked candidates (stage-time variance, then communication) to score in the 1F1B simulator on the profiled costs (`lmforge reproduce omnibal` also runs them for real).")] = 3,
-    capacity_mb: Annotated[float | None, typer.Option(help="Device memory per stage in MiB for the recompute plan (default: halfway between full recompute and none on the equal split's fullest stage).")] = None,
+    capacity_mb: Annotated[float | None, typer.Option(help="Stated memory per stage in MiB for the recompute plan (instead of --capacity-source).")] = None,
+    capacity_source: Annotated[str | None, typer.Option(help="Where the recompute plan's per-stage capacity comes from without --capacity-mb: `measured` (the default: the free memory now, /proc/meminfo's MemAvailable shared by the --stages ranks on a CPU, torch.cuda.mem_get_info on CUDA, less 10% and a per-rank reserve; the modelled rule, with a warning, where it cannot be read) or `modelled` (halfway between full recompute and none on the equal split's fullest stage).")] = None,
+    backend: Annotated[str, typer.Option(help="Process-group backend of the real steps: gloo (CPU) or nccl (CUDA, one device per stage).")] = "gloo",
+    device: Annotated[str, typer.Option(help="Where the model is profiled and the real steps run: cpu or cuda (with --backend nccl).")] = "cpu",
     vit_layers: Annotated[int, typer.Option(help="Model: ViT blocks.")] = 8,
     llm_layers: Annotated[int, typer.Option(help="Model: LLM blocks.")] = 16,
     d_model: Annotated[int, typer.Option(help="Model: hidden size.")] = 64,
@@ -60,6 +128,7 @@ def omnibal_cmd(
       lmforge train omnibal --lengths internvl --out runs/omnibal
       lmforge train omnibal --lengths my_lengths.json --stages 4 --steps 0 --out runs/plan
       lmforge train omnibal --lengths internvl_sft_1.2M.json --vit-cap 9 --token-cap 4096 --out runs/fixed
+      lmforge train omnibal --lengths internvl --stages 4 --backend nccl --device cuda --out runs/gpu
     """
     import numpy as np
 
@@ -80,6 +149,13 @@ def omnibal_cmd(
         raise UserError("give both --vit-cap and --token-cap, or neither (then the official cap search runs)")
     if token_cap is not None and (vit_cap < 1 or token_cap <= 128):
         raise UserError(f"caps must be at least 1 tile and more than 128 tokens, got {vit_cap} / {token_cap}")
+    if capacity_source is not None and capacity_source not in ("measured", "modelled"):
+        raise UserError(f"--capacity-source must be measured or modelled, got {capacity_source!r}")
+    if capacity_mb is not None and capacity_source is not None:
+        raise UserError("give --capacity-mb (a stated capacity) or --capacity-source, not both")
+    if capacity_mb is not None and not capacity_mb > 0:
+        raise UserError(f"--capacity-mb must be positive, got {capacity_mb}")
+    _check_devices(backend, device, stages, steps)
     cfg = VLMConfig(vit_layers=vit_layers, llm_layers=llm_layers, d_model=d_model, n_heads=2 if d_model % 2 == 0 else 1,
                     vit_mlp_ratio=vit_mlp_ratio, patch_tokens=patch_tokens)
     if stages > cfg.n_layers:
@@ -114,8 +190,24 @@ def omnibal_cmd(
     shape = tuple(int(v) for v in np.median(np.asarray(packed), axis=0))
     say(f"profiling a {cfg.n_layers}-layer VLM-shaped model on a micro-batch of {shape[0]} tiles + {shape[1]} text "
         "tokens; BMP and the recompute plan ...")
-    cap = None if capacity_mb is None else int(capacity_mb * 2**20)
-    mp = plan_model(cfg, shape, stages, micro_batches, top_k=top_k, capacity=cap, seed=seed)
+    source = "stated" if capacity_mb is not None else (capacity_source or "measured")
+    measured, warning = None, None
+    if source == "measured":  # read before the profile allocates anything
+        try:
+            measured = P.measured_capacity(device, stages)
+        except (OSError, ValueError, RuntimeError) as exc:
+            warning = (f"cannot read the free memory ({' '.join(str(exc).split())}); the recompute plan "
+                       "uses the modelled capacity")
+            typer.echo(f"warning: {warning}", err=True)
+            source = "modelled"
+    cap = (int(capacity_mb * 2**20) if source == "stated" else measured.capacity if measured is not None
+           else None)
+    mp = plan_model(cfg, shape, stages, micro_batches, top_k=top_k, capacity=cap, seed=seed, device=device)
+    over = [s for s, need in enumerate(mp.stage_memory_full) if need > mp.capacity]
+    if over:
+        typer.echo(f"warning: stage{'s' if len(over) > 1 else ''} {', '.join(map(str, over))} need"
+                   f"{'' if len(over) > 1 else 's'} more than the capacity of {mp.capacity / 2**20:.1f} MiB even "
+                   "with full recompute (modelled)", err=True)
     runs: dict[str, Any] = {}
     if steps:
         need = micro_batches * steps
@@ -126,8 +218,8 @@ def omnibal_cmd(
         every = set(range(cfg.n_layers))
         for name, plans, real, cuts, rec in (("baseline", bp, br, mp.equal, every),
                                             ("omnibal", ip, ir, mp.bmp.chosen, mp.recompute)):
-            say(f"{steps} real steps on {stages} gloo processes: {name} ...")
-            r = timed_run(cfg, cuts, rec, plans, real, seed=seed)
+            say(f"{steps} real steps on {stages} {backend} processes: {name} ...")
+            r = timed_run(cfg, cuts, rec, plans, real, seed=seed, backend=backend, device=device)
             runs[name] = {k: v for k, v in r.items() if k != "losses"}
     report = {
         "samples": len(vit), "skipped_oversize": int(len(bal.isf.skipped)),
@@ -143,14 +235,21 @@ def omnibal_cmd(
         "model": {"layers": cfg.n_layers, "vit_layers": vit_layers, "llm_layers": llm_layers, "d_model": d_model,
                   "patch_tokens": patch_tokens, "vit_mlp_ratio": vit_mlp_ratio, "profiled_shape": list(shape)},
         "profile_ms": {"fwd": [1e3 * x for x in mp.profile.fwd_s], "bwd": [1e3 * x for x in mp.profile.bwd_s]},
-        "partition": {"stages": stages, "equal": list(mp.equal), "anchor": list(mp.bmp.anchor),
+        "partition": {"stages": stages, "micro_batches": micro_batches, "equal": list(mp.equal),
+                      "anchor": list(mp.bmp.anchor),
                       "bmp": list(mp.bmp.chosen),
-                      "candidates": [{"boundaries": list(c.boundaries), "variance": c.variance, "comm": c.comm,
+                      "candidates": [{"boundaries": list(c.boundaries), "stage_s": list(c.stage_times),
+                                      "variance": c.variance, "comm": c.comm,
                                       "measured_s": mp.bmp.measured.get(c.boundaries)}
                                      for c in mp.bmp.candidates]},
         "simulated": mp.simulated,
-        "recompute": {"capacity_bytes": mp.capacity, "recomputed_layers": sorted(mp.recompute),
-                      "stage_bytes_full_recompute": mp.stage_memory_full, "stage_bytes_plan": mp.stage_memory_plan},
+        "recompute": {"capacity_source": source, "capacity_bytes": mp.capacity,
+                      "measured": None if measured is None else measured.as_dict(), "warning": warning,
+                      "recomputed_layers": sorted(mp.recompute),
+                      "stage_bytes_full_recompute": mp.stage_memory_full, "stage_bytes_plan": mp.stage_memory_plan,
+                      "layer_bytes": {"param": mp.memory.param_bytes, "activation": mp.memory.act_bytes,
+                                      "recompute_delta": mp.memory.delta_bytes}},
+        "run": {"backend": backend, "device": device},
         "real_runs": runs,
     }
     if runs:
@@ -173,8 +272,10 @@ def omnibal_cmd(
                f"{list(mp.bmp.chosen)}; simulated step {1e3 * sim['equal']['step_s']:.1f} -> "
                f"{1e3 * sim['bmp']['step_s']:.1f} ms -> {1e3 * sim['bmp+recompute']['step_s']:.1f} ms with the "
                "recompute plan")
+    for line in _stage_lines(sim, micro_batches):
+        typer.echo(line)
     typer.echo(f"recompute stays on for {len(mp.recompute)} of {cfg.n_layers} layers "
-               f"(capacity {mp.capacity / 2**20:.1f} MiB per stage)")
+               f"(capacity {mp.capacity / 2**20:.1f} MiB per stage, {_capacity_text(report['recompute'])})")
     if runs:
         typer.echo(f"real: baseline {runs['baseline']['median_step_s']:.3f} s/step, OmniBal "
                    f"{runs['omnibal']['median_step_s']:.3f} s/step; real-token throughput x{report['speedup']:.2f}")

@@ -14,7 +14,10 @@ the same steps (same weights, micro-batches, padding and optimizer), in float64:
 (d) pp=2 × dp=2 on 4 processes (AdamW, replicas with different micro-batch counts and shapes):
     both replicas hold the reference gradient over the union of micro-batches (mean over
     replicas of each replica's mean loss), and each replica's losses match over the steps;
-(e) (gpu) the 2-stage check on NCCL, when 2 CUDA devices exist.
+(e) (gpu) the 2-stage check on NCCL, when 2 CUDA devices exist;
+(f) one stage on one rank (world size 1, recompute on): on gloo/CPU, and (gpu) on NCCL with one CUDA
+    device, where the gradients and losses must equal the CPU replay to float64 round-off (CUDA's
+    kernels sum in other orders) and the CPU run's.
 """
 
 from __future__ import annotations
@@ -155,3 +158,27 @@ def test_two_stages_on_nccl(reference_pp):
     assert _max_err(_merge_grads(runs, 0), reference_pp["grads"]) < 1e-10
     assert runs[1]["losses"] == pytest.approx([s[0] for s in reference_pp["losses"]], abs=1e-10)
     assert _max_err(_merge_grads([r["recompute"] for r in results], 0), _merge_grads(runs, 0)) < 1e-12
+
+
+def _one_rank(backend: str, device: str) -> dict:
+    return launch(1, train_steps, 1, 1, CFG, [], RECOMPUTE, PLANS_PP, SEED, LR, return_grads=True,
+                  device=device, backend=backend, timeout_s=300)[0]
+
+
+@pytest.mark.parametrize(("backend", "device", "tol"), [
+    ("gloo", "cpu", 1e-12),
+    pytest.param("nccl", "cuda", 1e-9, marks=[
+        pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]),
+])
+def test_one_stage_on_one_rank_matches_single_process(reference_pp, backend, device, tol):
+    """World size 1: a 1-stage Schedule1F1B (its recompute too), the process group's barriers and the
+    all-reduce of step times on ``backend``; on NCCL this is the CUDA path a single lent GPU can run."""
+    run = _one_rank(backend, device)
+    assert run["stage"] == 0 and run["replica"] == 0 and set(run["grads"]) == set(range(8))
+    assert _max_err(run["grads"], reference_pp["grads"]) < tol
+    assert run["losses"] == pytest.approx([s[0] for s in reference_pp["losses"]], abs=tol)
+    assert run["new_shape"] == [True, True, True, False]
+    if device == "cuda":
+        cpu = _one_rank("gloo", "cpu")
+        assert _max_err(run["grads"], cpu["grads"]) < tol
+        assert run["losses"] == pytest.approx(cpu["losses"], abs=tol)

@@ -6,8 +6,9 @@ DistRatio as the official test computes them), ``search.py`` (the official cap s
 exhaustive reference), ``recompute.py`` (the knapsack recompute plan, saved-activation bytes).
 Wiring: ``sampler.py`` (a ``torch.utils.data`` batch sampler of ISF groups), ``profile.py``,
 ``pipeline.py`` (a VLM-shaped model on ``torch.distributed.pipelining`` 1F1B with data
-parallelism), ``plan.py`` and ``experiment.py`` (lengths → plans → timed runs). CLI: ``lmforge train
-omnibal``; reproduction: ``lmforge reproduce omnibal``.
+parallelism), ``plan.py`` (memory, the measured or modelled capacity) and ``experiment.py``
+(lengths → plans → timed runs), ``torchrun.py`` (the runtime on ranks torchrun starts). CLI:
+``lmforge train omnibal``; reproduction: ``lmforge reproduce omnibal``.
 """
 
 from typing import Any

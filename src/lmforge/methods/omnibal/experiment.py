@@ -5,9 +5,10 @@ Used by ``lmforge train omnibal`` and ``lmforge reproduce omnibal``; each step i
 * :func:`balance_data`: the ISF cap search (or given caps), ISF, and PadRatio/DistRatio of ISF
   against plain random micro-batches, over ``dp`` ranks.
 * :func:`plan_model`: profile the model's layers on a typical ISF micro-batch, BMP under full
-  recompute, then the recompute plan on BMP's partition.
-* :func:`timed_run`: real training steps on ``pp`` gloo processes (1F1B), median step time and
-  real-token throughput.
+  recompute, then the recompute plan on BMP's partition; per-stage times and the simulated 1F1B
+  step of the equal split, the greedy anchor, BMP's pick and BMP's pick with the recompute plan.
+* :func:`timed_run`: real training steps on ``pp`` processes (1F1B; gloo on CPUs, or NCCL with one
+  CUDA device per rank), median step time and real-token throughput.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from lmforge.methods.omnibal import plan as P
 from lmforge.methods.omnibal.bmp import BMPResult, bmp_search, equal_split
@@ -26,7 +28,7 @@ from lmforge.methods.omnibal.pipeline import StepPlan, VLMConfig, launch, train_
 from lmforge.methods.omnibal.sampler import ISFBatchSampler
 from lmforge.methods.omnibal.profile import LayerProfile, profile_layers
 from lmforge.methods.omnibal.search import CapSearchResult, search_caps
-from lmforge.methods.omnibal.simulate import simulate_1f1b, stage_costs
+from lmforge.methods.omnibal.simulate import simulate_1f1b_trace, stage_costs
 
 
 @dataclass
@@ -73,7 +75,15 @@ def balance_data(vit: np.ndarray, tok: np.ndarray, dp: int, micro_bs: int, round
 
 @dataclass
 class ModelPlan:
-    """Profile, partitions and the recompute plan for ``n_stages`` pipeline stages."""
+    """Profile, partitions and the recompute plan for ``n_stages`` pipeline stages.
+
+    ``simulated[name]`` for ``name`` in ``equal``, ``anchor``, ``bmp``, ``bmp+recompute`` (the first
+    three under full recompute) holds ``boundaries``; per stage and micro-batch ``stage_fwd_s``,
+    ``stage_bwd_s`` (backward plus the forward of its recomputed layers) and ``stage_s`` (their
+    per-layer sum); ``slowest_stage`` (index, ties to the first) and ``slowest_stage_s``; the 1F1B
+    simulator's ``step_s`` (makespan of ``n_micro`` micro-batches) and ``bubble_s`` (each stage's
+    idle time within it, ``step_s − n_micro · stage time``).
+    """
 
     profile: LayerProfile
     memory: P.LayerMemory
@@ -85,7 +95,7 @@ class ModelPlan:
     recompute: set[int]
     stage_memory_full: list[int]
     stage_memory_plan: list[int]
-    simulated: dict[str, dict[str, float]] = field(default_factory=dict)
+    simulated: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def bwd_full(self) -> list[float]:
@@ -95,7 +105,7 @@ class ModelPlan:
 
 def plan_model(cfg: VLMConfig, shape: tuple[int, int], n_stages: int, n_micro: int, top_k: int = 3,
                runner: Callable[[Sequence[int]], float] | None = None, repeats: int = 5,
-               capacity: int | None = None, seed: int = 0) -> ModelPlan:
+               capacity: int | None = None, seed: int = 0, device: str = "cpu") -> ModelPlan:
     """Profile on one ``(n_tiles, T)`` micro-batch, BMP under full recompute, then the memory plan.
 
     Args:
@@ -108,10 +118,18 @@ def plan_model(cfg: VLMConfig, shape: tuple[int, int], n_stages: int, n_micro: i
         repeats: timed repeats per layer in the profile.
         capacity: bytes per device (default :func:`~lmforge.methods.omnibal.plan.capacity_rule`).
         seed: model seed.
+        device: where the layers are profiled and measured (``"cpu"`` or ``"cuda"``: the device the
+            run will use).
     """
-    layers, x = P.example_input(cfg, shape, seed)
+    dev = torch.device(device)
+
+    def model() -> tuple[list[torch.nn.Module], torch.Tensor]:
+        layers, x = P.example_input(cfg, shape, seed)
+        return [layer.to(dev) for layer in layers], x.to(dev)
+
+    layers, x = model()
     prof = profile_layers(layers, x, repeats=repeats, warmup=1)
-    layers, x = P.example_input(cfg, shape, seed)
+    layers, x = model()
     mem = P.layer_memory(layers, x)
     n = len(layers)
     everything = set(range(n))
@@ -127,8 +145,15 @@ def plan_model(cfg: VLMConfig, shape: tuple[int, int], n_stages: int, n_micro: i
                             ("bmp", result.chosen, everything), ("bmp+recompute", result.chosen, keep)):
         bwd = P.with_recompute(prof.fwd_s, prof.bwd_s, rec)
         f, b = stage_costs(prof.fwd_s, list(cuts)), stage_costs(bwd, list(cuts))
-        plan.simulated[name] = {"slowest_stage_s": P.slowest_stage(prof.fwd_s, bwd, cuts),
-                                "step_s": simulate_1f1b(f, b, n_micro)}
+        both = stage_costs([x + y for x, y in zip(prof.fwd_s, bwd, strict=True)], list(cuts))
+        trace = simulate_1f1b_trace(f, b, n_micro)
+        plan.simulated[name] = {"boundaries": list(cuts), "stage_fwd_s": f, "stage_bwd_s": b, "stage_s": both,
+                                "slowest_stage": both.index(max(both)),
+                                "slowest_stage_s": P.slowest_stage(prof.fwd_s, bwd, cuts),
+                                "step_s": trace.makespan, "bubble_s": list(trace.bubble)}
+    if dev.type == "cuda":  # hand the profile's cached blocks back before the ranks start
+        del layers, x
+        torch.cuda.empty_cache()
     return plan
 
 
@@ -159,15 +184,17 @@ def micro_streams(vit: np.ndarray, tok: np.ndarray, cfg: VLMConfig, balance: Dat
 
 
 def timed_run(cfg: VLMConfig, boundaries: Sequence[int], recompute: set[int], plans: Sequence[StepPlan],
-              real_tokens: Sequence[int], seed: int = 0, threads: int = 1, timeout_s: float = 600.0) -> dict[str, Any]:
-    """Train ``len(plans)`` real steps on ``len(boundaries) + 1`` gloo processes (pp only).
+              real_tokens: Sequence[int], seed: int = 0, threads: int = 1, timeout_s: float = 600.0,
+              backend: str = "gloo", device: str = "cpu") -> dict[str, Any]:
+    """Train ``len(plans)`` real steps on ``len(boundaries) + 1`` processes (pp only), on ``backend``
+    (gloo, or NCCL with ``device="cuda"``: rank ``r`` on ``cuda:r``, see :func:`launch`).
 
     Returns the per-step seconds (max over ranks), their median, and the median real-token
     throughput (``real_tokens[k] / seconds[k]``).
     """
     pp = len(boundaries) + 1
     out = launch(pp, train_steps, pp, 1, cfg, list(boundaries), set(recompute), list(plans), seed,
-                 threads=threads, timeout_s=timeout_s, optimizer="adamw")
+                 threads=threads, timeout_s=timeout_s, backend=backend, optimizer="adamw", device=device)
     secs = out[0]["step_seconds"]
     tput = [t / s for t, s in zip(real_tokens, secs, strict=True)]
     return {"step_seconds": secs, "median_step_s": float(np.median(secs)),

@@ -41,7 +41,9 @@ replica and micro-batch): the runtime is for timing and for exactness checks aga
   (``torch.utils.checkpoint``, non-reentrant) on the chosen layers; a recomputed layer sees the
   layout of its own micro-batch again (1F1B runs it after later micro-batches' forwards).
 * :func:`train_steps`: one rank's training loop (stage = ``rank % pp``, replica = ``rank // pp``);
-  :func:`launch` spawns the processes (file:// rendezvous) and returns what each rank returned.
+  :func:`launch` spawns the processes (file:// rendezvous) and returns what each rank returned;
+  on ranks that torchrun starts (more ranks, more nodes), :mod:`lmforge.methods.omnibal.torchrun`
+  runs the same :func:`train_steps` after an ``env://`` rendezvous.
 
 NOTE (loss scaling): ``Schedule1F1B`` sums the gradients of the per-micro-batch losses and, with
 ``scale_grads=True`` (its default, kept here), divides the stage's gradients by ``n_microbatches``
@@ -540,7 +542,8 @@ def train_steps(rank: int, world: int, pp: int, dp: int, cfg: VLMConfig, boundar
         dtype: parameter/activation dtype (``cfg.dtype`` when None).
         optimizer: ``"sgd"`` or ``"adamw"`` (no weight decay).
         return_grads: also return the first step's averaged gradients of this stage's layers.
-        device: ``"cpu"``, or ``"cuda"`` (this rank's device ``cuda:{rank % device_count}``).
+        device: ``"cpu"``; ``"cuda"`` (this rank's device ``cuda:{rank % device_count}``, right when
+            every node runs one rank per device); or ``"cuda:N"`` (under torchrun: ``cuda:LOCAL_RANK``).
 
     Returns:
         ``rank``, ``stage``, ``replica``; per step: ``step_seconds`` (the max over all ranks of
@@ -560,11 +563,11 @@ def train_steps(rank: int, world: int, pp: int, dp: int, cfg: VLMConfig, boundar
         raise UserError("every StepPlan needs one micro-batch list per data-parallel replica")
     dtype = dtype or cfg.dtype
     stage, replica = rank % pp, rank // pp
-    if device == "cuda":
-        dev = torch.device("cuda", rank % torch.cuda.device_count())
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if dev.index is None:
+            dev = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(dev)
-    else:
-        dev = torch.device(device)
 
     # Every rank creates every group, in the same order (new_group is collective).
     pp_groups = [dist.new_group([r * pp + s for s in range(pp)]) for r in range(dp)]

@@ -17,15 +17,26 @@ another (data balance, then model partition, then memory):
   that maximise the saved forward time within the stage's free memory (an exact knapsack,
   :func:`~lmforge.methods.omnibal.recompute.plan_stages`).
 
-NOTE: on a CPU there is no device memory to read, so "free memory" comes from a stated capacity
-(:func:`capacity_rule`) minus the modelled stage memory, not from the allocator; the paper reads it
-from the GPU after a full-recompute run.
+* :func:`measured_capacity` reads the memory a stage may use from the machine: on CUDA the free
+  bytes of each rank's device (``torch.cuda.mem_get_info``), on a CPU ``MemAvailable`` of
+  ``/proc/meminfo`` shared among the local ranks; both less a stated safety margin
+  (:data:`MARGIN_PERCENT`, :data:`RANK_RESERVE_BYTES`). :func:`capacity_rule` is the modelled
+  alternative (the reproduction's, fixed before its runs).
+
+NOTE (free memory): the paper runs full recompute on the GPU and reads what is left. Here a stage's
+free memory is its capacity minus its *modelled* full-recompute memory (:func:`stage_memory`), and
+the capacity is measured before the run (:func:`measured_capacity`), stated (``--capacity-mb``) or
+modelled (:func:`capacity_rule`). Measured before the run, "capacity − full-recompute memory" is
+what the paper reads after it, up to what the model leaves out (the runtime's own buffers, covered
+by the margin).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,6 +47,15 @@ from lmforge.methods.omnibal.simulate import stage_costs
 
 TILE_TOKENS = 256  # InternVL: one 448-px tile is 256 LLM tokens
 ADAMW_STATE_FACTOR = 4  # weights, gradients, exp_avg, exp_avg_sq
+MEMINFO = Path("/proc/meminfo")
+# NOTE (safety margin of the measured capacity): a rank may plan with its share of the free memory
+# less 10% (other processes' growth, allocator fragmentation) and less a fixed reserve for the
+# process itself, which the modelled stage memory leaves out: 512 MiB on a CPU (measured here: a
+# process with torch and torch.distributed.pipelining imported holds about 300 MiB resident, plus
+# gloo's buffers) and 1 GiB on CUDA (a CUDA context and NCCL's buffers; stated, not measured here:
+# no GPU was available).
+MARGIN_PERCENT = 10
+RANK_RESERVE_BYTES = {"cpu": 512 * 2**20, "cuda": 2**30}
 
 
 def scale_samples(vit: np.ndarray, tok: np.ndarray, patch_tokens: int) -> tuple[np.ndarray, np.ndarray]:
@@ -144,6 +164,96 @@ def capacity_rule(mem: LayerMemory, equal: Sequence[int], n_micro: int) -> int:
     full = max(stage_memory(mem, equal, everything, n_micro))
     none = max(stage_memory(mem, equal, set(), n_micro))
     return full + (none - full) // 2
+
+
+def read_mem_available(path: Path | None = None) -> int:
+    """``MemAvailable`` of ``/proc/meminfo`` (or ``path``) in bytes.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it has no well-formed ``MemAvailable`` line (kernels before 3.14).
+    """
+    text = Path(MEMINFO if path is None else path).read_text()
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            parts = line.split()
+            if len(parts) == 3 and parts[1].isdigit() and parts[2] == "kB":
+                return int(parts[1]) * 1024
+            raise ValueError(f"malformed line {line.strip()!r}")
+    raise ValueError("no MemAvailable line")
+
+
+def capacity_from_free(free_bytes: int, ranks: int, device: str = "cpu") -> int:
+    """A stage's capacity from free memory shared by ``ranks`` processes: the share
+    ``⌊free / ranks⌋``, less :data:`MARGIN_PERCENT` % of it (rounded up) and
+    :data:`RANK_RESERVE_BYTES` of ``device`` (at least 0)."""
+    if ranks < 1:
+        raise ValueError(f"ranks must be >= 1, got {ranks}")
+    share = int(free_bytes) // ranks
+    return max(0, share - -(-share * MARGIN_PERCENT // 100) - RANK_RESERVE_BYTES[device])
+
+
+@dataclass
+class MeasuredCapacity:
+    """What :func:`measured_capacity` read, and the per-stage capacity it gives.
+
+    Attributes:
+        device: ``"cpu"`` or ``"cuda"``.
+        read_from: ``"/proc/meminfo MemAvailable"`` or ``"torch.cuda.mem_get_info"``.
+        free_bytes: the free bytes read: the machine's (CPU, one entry) or each used device's (CUDA).
+        ranks: the local ranks sharing each entry of ``free_bytes``.
+        margin_fraction: :data:`MARGIN_PERCENT` / 100.
+        reserve_bytes: the per-rank reserve (:data:`RANK_RESERVE_BYTES`).
+        capacity: bytes every stage plans with: the smallest :func:`capacity_from_free` over the entries.
+    """
+
+    device: str
+    read_from: str
+    free_bytes: list[int]
+    ranks: list[int]
+    margin_fraction: float
+    reserve_bytes: int
+    capacity: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def measured_capacity(device: str, local_ranks: int, meminfo: Path | None = None) -> MeasuredCapacity:
+    """The per-stage capacity from the memory free on this machine now (before the run).
+
+    CPU: ``MemAvailable`` of ``/proc/meminfo`` divided among the ``local_ranks`` processes that share
+    the machine. CUDA: rank ``r`` uses device ``r mod device_count`` (as
+    :func:`~lmforge.methods.omnibal.pipeline.train_steps` places it); each used device's free bytes
+    (``torch.cuda.mem_get_info``) are divided among its ranks. Both less the safety margin (see
+    :func:`capacity_from_free`); the smallest share is every stage's capacity.
+
+    Args:
+        device: ``"cpu"`` or ``"cuda"``.
+        local_ranks: the run's processes on this machine (``lmforge train omnibal``: ``--stages``;
+            under torchrun: ``LOCAL_WORLD_SIZE``).
+        meminfo: the meminfo file (default :data:`MEMINFO`).
+
+    Raises:
+        OSError, ValueError: the CPU's free memory cannot be read (see :func:`read_mem_available`).
+        RuntimeError: CUDA's cannot (no device, or the driver call failed).
+    """
+    if local_ranks < 1:
+        raise ValueError(f"local_ranks must be >= 1, got {local_ranks}")
+    if device == "cpu":
+        free, ranks, read_from = [read_mem_available(meminfo)], [local_ranks], "/proc/meminfo MemAvailable"
+    elif device == "cuda":
+        count = torch.cuda.device_count()
+        if count < 1:
+            raise RuntimeError("no CUDA device")
+        used = sorted({r % count for r in range(local_ranks)})
+        free = [int(torch.cuda.mem_get_info(d)[0]) for d in used]
+        ranks = [sum(1 for r in range(local_ranks) if r % count == d) for d in used]
+        read_from = "torch.cuda.mem_get_info"
+    else:
+        raise ValueError(f"device must be cpu or cuda, got {device!r}")
+    cap = min(capacity_from_free(f, k, device) for f, k in zip(free, ranks, strict=True))
+    return MeasuredCapacity(device, read_from, free, ranks, MARGIN_PERCENT / 100, RANK_RESERVE_BYTES[device], cap)
 
 
 def recompute_plan(mem: LayerMemory, fwd_s: Sequence[float], boundaries: Sequence[int], capacity: int,
