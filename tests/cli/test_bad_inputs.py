@@ -132,6 +132,10 @@ CASES: list[tuple[str, list[str], str]] = [
                                        "--capacity-source", "guess"], "capacity-source"),
     ("train-omnibal-capacity-both", ["train", "omnibal", "--lengths", "internvl", "--out", "o", "--capacity-mb", "64",
                                      "--capacity-source", "measured"], "not both"),
+    ("train-omnibal-capacity-inf", ["train", "omnibal", "--lengths", "internvl", "--out", "o", "--capacity-mb", "inf"],
+     "capacity-mb must be positive and finite"),
+    ("train-omnibal-capacity-nan", ["train", "omnibal", "--lengths", "internvl", "--out", "o", "--capacity-mb", "nan"],
+     "capacity-mb must be positive and finite"),
     # SelfCite and UDora
     ("selfcite-bon-n", ["align", "selfcite-bon", "-m", NANO, "--data", "docs.jsonl", "--out", "o", "--n", "0"],
      "N must be >= 1"),

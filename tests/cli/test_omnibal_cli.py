@@ -5,8 +5,10 @@ The per-stage times in the report are checked against closed forms: a stage's fo
 sum of its layers' profiled forward times, its backward time the sum of their backward times plus
 the forward time of each recomputed layer; the simulated step is the 1F1B simulator's on those stage
 times, between ``m · slowest stage`` and ``(m + p − 1) · (max forward + max backward)``. The
-measured capacity is checked against a meminfo file the test writes, and the recompute plan in the
-report against brute force over every subset of each stage's layers.
+measured capacity is checked against meminfo and cgroup files the tests write, and the recompute
+plan in the report against brute force over every subset of each stage's layers. A memory that
+cannot be read falls back to the modelled rule with a warning when ``--capacity-source`` is not
+given, and is an error when ``--capacity-source measured`` is; warnings land in ``omnibal.json``.
 """
 
 from __future__ import annotations
@@ -20,10 +22,16 @@ import torch
 from lmforge.methods.omnibal import plan as P
 from lmforge.methods.omnibal.simulate import simulate_1f1b_trace
 from tests.cli.helpers import call, one_error_line
-from tests.methods.omnibal.test_capacity import _brute_plan, _closed_capacity, _meminfo
+from tests.methods.omnibal.test_capacity import V2_SRC, _brute_plan, _cgroup, _closed_capacity, _meminfo
 
 TINY = ["--vit-layers", "1", "--llm-layers", "2", "--d-model", "16", "--patch-tokens", "4", "--vit-mlp-ratio", "4",
         "--dp", "2", "--micro-batches", "2", "--rounds", "5"]
+
+
+@pytest.fixture(autouse=True)
+def _no_cgroup(tmp_path, monkeypatch):
+    """No cgroup limit unless a test writes one: the machine's own cgroup stays out of the checks."""
+    monkeypatch.setattr(P, "CGROUP", tmp_path / "no-cgroup")
 
 
 def _lengths(path, n=240, seed=0):
@@ -41,6 +49,10 @@ def _lengths(path, n=240, seed=0):
     (None, ["--stages", "40"], "more than the model's"),
     (None, ["--vit-cap", "9"], "both --vit-cap and --token-cap"),
     (None, ["--capacity-mb", "0"], "--capacity-mb must be positive"),
+    (None, ["--capacity-mb", "inf"], "--capacity-mb must be positive and finite, got inf"),
+    (None, ["--capacity-mb", "nan"], "--capacity-mb must be positive and finite, got nan"),
+    (None, ["--capacity-mb", "-inf"], "--capacity-mb must be positive and finite"),
+    (None, ["--capacity-mb", "1e308"], "--capacity-mb must be positive and finite"),  # inf as bytes
     (None, ["--capacity-mb", "64", "--capacity-source", "modelled"], "not both"),
     (None, ["--capacity-source", "guess"], "--capacity-source must be"),
     (None, ["--backend", "mpi"], "--backend must be gloo or nccl"),
@@ -197,7 +209,9 @@ def test_measured_capacity_plans_as_brute_force(tmp_path, monkeypatch, capsys):
     cap = _closed_capacity(kb * 1024, 3, 512 * 2**20)
     assert rec["capacity_source"] == "measured" and rec["capacity_bytes"] == cap
     assert rec["measured"] == {"device": "cpu", "read_from": "/proc/meminfo MemAvailable", "free_bytes": [kb * 1024],
-                               "ranks": [3], "margin_fraction": 0.1, "reserve_bytes": 512 * 2**20, "capacity": cap}
+                               "ranks": [3], "margin_fraction": 0.1, "reserve_bytes": 512 * 2**20, "capacity": cap,
+                               "readings": {"/proc/meminfo MemAvailable": kb * 1024}}
+    assert rec["warnings"] == []
     assert f"{cap / 2**20:.1f} MiB per stage, measured" in stdout
     lb = rec["layer_bytes"]
     mem = P.LayerMemory(lb["param"], lb["activation"], lb["recompute_delta"])
@@ -216,14 +230,15 @@ def test_missing_meminfo_falls_back_to_the_modelled_rule(tmp_path, monkeypatch, 
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("warning: cannot read the free memory") and "modelled" in lines[0]
     rec = report["recompute"]
-    assert rec["capacity_source"] == "modelled" and rec["measured"] is None and "no-meminfo" in rec["warning"]
+    assert rec["capacity_source"] == "modelled" and rec["measured"] is None
+    assert rec["warnings"] == [lines[0].removeprefix("warning: ")] and "no-meminfo" in rec["warnings"][0]
     lb, equal, n = rec["layer_bytes"], report["partition"]["equal"], report["model"]["layers"]
     mem = P.LayerMemory(lb["param"], lb["activation"], lb["recompute_delta"])
     full = max(P.stage_memory(mem, equal, set(range(n)), 4))
     none = max(P.stage_memory(mem, equal, set(), 4))
     assert rec["capacity_bytes"] == full + (none - full) // 2
     again, _, err = _plan_run(tmp_path / "b", monkeypatch, capsys, "--capacity-source", "modelled")
-    assert "warning" not in err and again["recompute"]["warning"] is None
+    assert "warning" not in err and again["recompute"]["warnings"] == []
     assert again["recompute"]["capacity_bytes"] == rec["capacity_bytes"]
 
 
@@ -237,6 +252,48 @@ def test_a_machine_too_small_for_full_recompute_is_warned_about(tmp_path, monkey
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert lines == ["warning: stages 0, 1, 2 need more than the capacity of 0.0 MiB even with full recompute "
                      "(modelled)"]
+    assert rec["warnings"] == [lines[0].removeprefix("warning: ")]  # kept in omnibal.json too
+
+
+@pytest.mark.parametrize("broken", ["missing", "malformed", "cgroup"])
+def test_an_explicit_measured_source_that_cannot_be_read_is_an_error(tmp_path, monkeypatch, capsys, broken):
+    """``--capacity-source measured`` given: no fallback; one error line, exit 2, nothing written
+    (the same memory without the option falls back with a warning)."""
+    f = tmp_path / "meminfo"
+    if broken == "malformed":
+        f.write_text("MemAvailable: lots\n")
+    elif broken == "cgroup":
+        _meminfo(f, 8 * 2**20)
+        monkeypatch.setattr(P, "CGROUP", _cgroup(tmp_path / "cg", v2=("oops", 0)))
+    monkeypatch.setattr(P, "MEMINFO", f)
+    lengths = tmp_path / "lengths.json"
+    _lengths(lengths)
+    out = tmp_path / "out"
+    code, stdout, err = call(monkeypatch, capsys, "train", "omnibal", "--lengths", str(lengths), "--out", str(out),
+                             *TINY, *PLAN, "--capacity-source", "measured")
+    line = one_error_line(err)
+    assert code == 2 and stdout == "" and not out.exists()
+    assert line.startswith("error: --capacity-source measured: cannot read the free memory"), line
+    assert {"missing": "meminfo", "malformed": "malformed", "cgroup": "memory.max"}[broken] in line
+    report, _, err = _plan_run(tmp_path / "default", monkeypatch, capsys)  # not given: the fallback
+    warned = [ln for ln in err.splitlines() if ln.startswith("warning:")]
+    assert len(warned) == 1 and warned[0].startswith("warning: cannot read the free memory"), err
+    assert report["recompute"]["capacity_source"] == "modelled" and len(report["recompute"]["warnings"]) == 1
+
+
+def test_a_cgroup_limit_below_memavailable_bounds_the_capacity(tmp_path, monkeypatch, capsys):
+    """In a container /proc/meminfo shows the host: a cgroup v2 limit with less free memory wins, and
+    the report names it."""
+    f = tmp_path / "meminfo"
+    _meminfo(f, 64 * 2**20)  # the host: 64 GiB available
+    monkeypatch.setattr(P, "MEMINFO", f)
+    monkeypatch.setattr(P, "CGROUP", _cgroup(tmp_path / "cg", v2=(str(6 * 2**30), 2**30)))  # 5 GiB free
+    report, stdout, _ = _plan_run(tmp_path / "run", monkeypatch, capsys)
+    m = report["recompute"]["measured"]
+    assert m["read_from"] == V2_SRC and m["free_bytes"] == [5 * 2**30]
+    assert m["readings"] == {"/proc/meminfo MemAvailable": 64 * 2**30, V2_SRC: 5 * 2**30}
+    assert report["recompute"]["capacity_bytes"] == _closed_capacity(5 * 2**30, 3, 512 * 2**20)
+    assert f"measured, {V2_SRC} 5120 MiB / 3 ranks" in stdout and "also read: /proc/meminfo MemAvailable" in stdout
 
 
 @pytest.mark.gpu

@@ -14,11 +14,15 @@ the greedy anchor, BMP's pick and BMP's pick with the recompute plan. The recomp
 capacity is measured (the free memory now, less a safety margin: see
 :func:`~lmforge.methods.omnibal.plan.measured_capacity`) unless ``--capacity-mb`` states it or
 ``--capacity-source modelled`` asks for the modelled rule; ``omnibal.json`` says which was used.
+Without ``--capacity-source`` a memory that cannot be read falls back to the modelled rule with a
+warning; ``--capacity-source measured`` makes it an error. Warnings about the capacity are printed
+and kept in ``omnibal.json`` (``recompute.warnings``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -69,8 +73,9 @@ def _capacity_text(rec: dict[str, Any]) -> str:
         return "modelled: halfway between full recompute and none on the equal split's fullest stage"
     shares = ", ".join(f"{f / 2**20:.0f} MiB / {k} rank{'s' if k > 1 else ''}"
                        for f, k in zip(m["free_bytes"], m["ranks"], strict=True))
+    others = "; ".join(f"{src} {b / 2**20:.0f} MiB" for src, b in m["readings"].items() if src != m["read_from"])
     return (f"measured, {m['read_from']} {shares}, less {100 * m['margin_fraction']:.0f}% and "
-            f"{m['reserve_bytes'] / 2**20:.0f} MiB per rank")
+            f"{m['reserve_bytes'] / 2**20:.0f} MiB per rank" + (f" (also read: {others})" if others else ""))
 
 
 def _stage_lines(sim: dict[str, dict[str, Any]], n_micro: int) -> list[str]:
@@ -97,7 +102,7 @@ def _stage_lines(sim: dict[str, dict[str, Any]], n_micro: int) -> list[str]:
 def omnibal_cmd(
     lengths: Annotated[str, typer.Option(help="Per-sample lengths: a JSON list (or .jsonl) of {'vit_num', 'token_num'} records, an official wrap file {name: {'token_lengths': PATH}}, or `internvl` for the generator fitted to InternVL-1.2M's released lengths.")],
     out: Annotated[Path, typer.Option(help="Output folder: omnibal.json (the report) and groups.jsonl (ISF micro-batches as sample indices).")],
-    stages: Annotated[int, typer.Option(help="Pipeline stages (one gloo process each for the real steps).")] = 2,
+    stages: Annotated[int, typer.Option(help="Pipeline stages (one process each for the real steps: gloo on the CPU, or NCCL with --backend nccl --device cuda).")] = 2,
     dp: Annotated[int, typer.Option(help="Data-parallel ranks for PadRatio/DistRatio (the official test: 8).")] = 8,
     micro_bs: Annotated[int, typer.Option(help="Samples per random micro-batch (the baseline) and the cap search's target group size.")] = 4,
     vit_cap: Annotated[int | None, typer.Option(help="ISF ViT cap Q_v in tiles (with --token-cap: skip the cap search).")] = None,
@@ -106,10 +111,10 @@ def omnibal_cmd(
     isf_seed: Annotated[int, typer.Option(help="ISF shuffle seed (official: 1024).")] = 1024,
     skip_oversize: Annotated[bool, typer.Option(help="Skip samples larger than a cap on their own, as the official code does silently (they are counted).")] = False,
     micro_batches: Annotated[int, typer.Option(help="Micro-batches per step (1F1B needs at least --stages).")] = 8,
-    steps: Annotated[int, typer.Option(help="Real training steps per configuration on --stages gloo processes; 0: plan only.")] = 20,
+    steps: Annotated[int, typer.Option(help="Real training steps per configuration on --stages processes (--backend, --device); 0: plan only.")] = 20,
     top_k: Annotated[int, typer.Option(help="BMP: how many of the best-ranked candidates (stage-time variance, then communication) to score in the 1F1B simulator on the profiled costs (`lmforge reproduce omnibal` also runs them for real).")] = 3,
-    capacity_mb: Annotated[float | None, typer.Option(help="Stated memory per stage in MiB for the recompute plan (instead of --capacity-source).")] = None,
-    capacity_source: Annotated[str | None, typer.Option(help="Where the recompute plan's per-stage capacity comes from without --capacity-mb: `measured` (the default: the free memory now, /proc/meminfo's MemAvailable shared by the --stages ranks on a CPU, torch.cuda.mem_get_info on CUDA, less 10% and a per-rank reserve; the modelled rule, with a warning, where it cannot be read) or `modelled` (halfway between full recompute and none on the equal split's fullest stage).")] = None,
+    capacity_mb: Annotated[float | None, typer.Option(help="Stated memory per stage in MiB for the recompute plan (positive and finite; instead of --capacity-source).")] = None,
+    capacity_source: Annotated[str | None, typer.Option(help="Where the recompute plan's per-stage capacity comes from without --capacity-mb: `measured` (the free memory now: on a CPU the smaller of /proc/meminfo's MemAvailable and the cgroup's free memory, shared by the --stages ranks; torch.cuda.mem_get_info on CUDA; less 10% and a per-rank reserve; an error where it cannot be read) or `modelled` (halfway between full recompute and none on the equal split's fullest stage). Not given: measured, falling back to modelled with a warning where the memory cannot be read.")] = None,
     backend: Annotated[str, typer.Option(help="Process-group backend of the real steps: gloo (CPU) or nccl (CUDA, one device per stage).")] = "gloo",
     device: Annotated[str, typer.Option(help="Where the model is profiled and the real steps run: cpu or cuda (with --backend nccl).")] = "cpu",
     vit_layers: Annotated[int, typer.Option(help="Model: ViT blocks.")] = 8,
@@ -153,8 +158,9 @@ def omnibal_cmd(
         raise UserError(f"--capacity-source must be measured or modelled, got {capacity_source!r}")
     if capacity_mb is not None and capacity_source is not None:
         raise UserError("give --capacity-mb (a stated capacity) or --capacity-source, not both")
-    if capacity_mb is not None and not capacity_mb > 0:
-        raise UserError(f"--capacity-mb must be positive, got {capacity_mb}")
+    # NOTE: finite in bytes too (MiB · 2**20): 1e308 MiB is a finite float whose bytes overflow to inf.
+    if capacity_mb is not None and not (capacity_mb > 0 and math.isfinite(capacity_mb * 2**20)):
+        raise UserError(f"--capacity-mb must be positive and finite, got {capacity_mb}")
     _check_devices(backend, device, stages, steps)
     cfg = VLMConfig(vit_layers=vit_layers, llm_layers=llm_layers, d_model=d_model, n_heads=2 if d_model % 2 == 0 else 1,
                     vit_mlp_ratio=vit_mlp_ratio, patch_tokens=patch_tokens)
@@ -175,6 +181,21 @@ def omnibal_cmd(
         if over == len(vit):
             raise UserError(f"no sample fits the caps {vit_cap} tiles / {token_cap} tokens")
 
+    # NOTE: the free memory is read after the inputs are checked and before any work (ISF, the
+    # profile) allocates anything, so an explicit `--capacity-source measured` that cannot be read
+    # stops the run before it starts.
+    source = "stated" if capacity_mb is not None else (capacity_source or "measured")
+    measured, warnings = None, []
+    if source == "measured":
+        try:
+            measured = P.measured_capacity(device, stages)
+        except (OSError, ValueError, RuntimeError) as exc:
+            why = " ".join(str(exc).split())
+            if capacity_source == "measured":  # asked for: no fallback
+                raise UserError(f"--capacity-source measured: cannot read the free memory ({why}); pass "
+                                "--capacity-source modelled or --capacity-mb MIB") from None
+            warnings.append(f"cannot read the free memory ({why}); the recompute plan uses the modelled capacity")
+            source = "modelled"
     say = (lambda m: None) if as_json else (lambda m: typer.echo(m, err=True))
     show = os.environ.get("LMFORGE_NO_PROGRESS") != "1"
     say(f"{len(vit)} samples; ISF ({'cap search' if vit_cap is None else 'given caps'}) over {dp} ranks ...")
@@ -190,24 +211,17 @@ def omnibal_cmd(
     shape = tuple(int(v) for v in np.median(np.asarray(packed), axis=0))
     say(f"profiling a {cfg.n_layers}-layer VLM-shaped model on a micro-batch of {shape[0]} tiles + {shape[1]} text "
         "tokens; BMP and the recompute plan ...")
-    source = "stated" if capacity_mb is not None else (capacity_source or "measured")
-    measured, warning = None, None
-    if source == "measured":  # read before the profile allocates anything
-        try:
-            measured = P.measured_capacity(device, stages)
-        except (OSError, ValueError, RuntimeError) as exc:
-            warning = (f"cannot read the free memory ({' '.join(str(exc).split())}); the recompute plan "
-                       "uses the modelled capacity")
-            typer.echo(f"warning: {warning}", err=True)
-            source = "modelled"
+    for w in warnings:  # printed once the inputs have passed every check
+        typer.echo(f"warning: {w}", err=True)
     cap = (int(capacity_mb * 2**20) if source == "stated" else measured.capacity if measured is not None
            else None)
     mp = plan_model(cfg, shape, stages, micro_batches, top_k=top_k, capacity=cap, seed=seed, device=device)
     over = [s for s, need in enumerate(mp.stage_memory_full) if need > mp.capacity]
     if over:
-        typer.echo(f"warning: stage{'s' if len(over) > 1 else ''} {', '.join(map(str, over))} need"
-                   f"{'' if len(over) > 1 else 's'} more than the capacity of {mp.capacity / 2**20:.1f} MiB even "
-                   "with full recompute (modelled)", err=True)
+        warnings.append(f"stage{'s' if len(over) > 1 else ''} {', '.join(map(str, over))} need"
+                        f"{'' if len(over) > 1 else 's'} more than the capacity of {mp.capacity / 2**20:.1f} MiB "
+                        "even with full recompute (modelled)")
+        typer.echo(f"warning: {warnings[-1]}", err=True)
     runs: dict[str, Any] = {}
     if steps:
         need = micro_batches * steps
@@ -244,7 +258,7 @@ def omnibal_cmd(
                                      for c in mp.bmp.candidates]},
         "simulated": mp.simulated,
         "recompute": {"capacity_source": source, "capacity_bytes": mp.capacity,
-                      "measured": None if measured is None else measured.as_dict(), "warning": warning,
+                      "measured": None if measured is None else measured.as_dict(), "warnings": warnings,
                       "recomputed_layers": sorted(mp.recompute),
                       "stage_bytes_full_recompute": mp.stage_memory_full, "stage_bytes_plan": mp.stage_memory_plan,
                       "layer_bytes": {"param": mp.memory.param_bytes, "activation": mp.memory.act_bytes,

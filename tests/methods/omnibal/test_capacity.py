@@ -1,5 +1,10 @@
-"""The recompute plan's capacity read from the machine: ``/proc/meminfo`` (a file the tests write), CUDA's
-free bytes (``torch.cuda`` replaced by fakes), and the plan at that capacity against brute force.
+"""The recompute plan's capacity read from the machine: ``/proc/meminfo`` and the cgroup's memory files
+(files the tests write), CUDA's free bytes (``torch.cuda`` replaced by fakes), and the plan at that
+capacity against brute force.
+
+The CPU's free memory is the smaller of ``MemAvailable`` and the cgroup's ``limit − usage`` (v2:
+``memory.max − memory.current``, ``max`` meaning no limit; v1: ``memory.limit_in_bytes −
+memory.usage_in_bytes``, 9223372036854771712 meaning no limit), and the report names the smaller.
 
 Closed forms: a rank's share is ``⌊MemAvailable · 1024 / ranks⌋``; the capacity is the share less
 ``⌈share · 10 / 100⌉`` and the 512 MiB (CPU) or 1 GiB (CUDA) reserve. The plan: per stage ``s`` of
@@ -20,6 +25,26 @@ from lmforge.methods.omnibal import plan as P
 from tests.methods.omnibal.test_recompute import _brute_force
 
 MIB = 2**20
+V1_NO_LIMIT = 9223372036854771712  # what cgroup v1 shows without a limit (4 KiB pages)
+
+
+@pytest.fixture(autouse=True)
+def _no_cgroup(tmp_path, monkeypatch):
+    """No cgroup limit unless a test writes one: the machine's own cgroup stays out of the checks."""
+    monkeypatch.setattr(P, "CGROUP", tmp_path / "no-cgroup")
+
+
+def _cgroup(root, v2: tuple[str, int] | None = None, v1: tuple[int, int] | None = None):
+    """A fake cgroup mount: v2 ``(memory.max, memory.current)``, v1 ``(limit, usage)``."""
+    root.mkdir(parents=True, exist_ok=True)
+    if v2 is not None:
+        (root / "memory.max").write_text(f"{v2[0]}\n")
+        (root / "memory.current").write_text(f"{v2[1]}\n")
+    if v1 is not None:
+        (root / "memory").mkdir(exist_ok=True)
+        (root / "memory" / "memory.limit_in_bytes").write_text(f"{v1[0]}\n")
+        (root / "memory" / "memory.usage_in_bytes").write_text(f"{v1[1]}\n")
+    return root
 
 
 def _meminfo(path, kb: int | None, extra: str = "") -> None:
@@ -129,3 +154,61 @@ def test_cuda_capacity_shares_each_device_among_its_ranks(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     with pytest.raises(RuntimeError, match="no CUDA device"):
         P.measured_capacity("cuda", 1)
+
+
+MEMINFO_SRC = "/proc/meminfo MemAvailable"
+V2_SRC = "cgroup v2 memory.max - memory.current"
+V1_SRC = "cgroup v1 memory.limit_in_bytes - memory.usage_in_bytes"
+
+
+@pytest.mark.parametrize(("v2", "v1", "want_source", "want_readings"), [
+    # v2 limited: 6 GiB limit, 2 GiB used -> 4 GiB free, below MemAvailable's 20 GiB
+    (("6442450944", 2 * 2**30), None, V2_SRC, {MEMINFO_SRC: 20 * 2**30, V2_SRC: 4 * 2**30}),
+    # v2 without a limit: only MemAvailable
+    (("max", 2 * 2**30), None, MEMINFO_SRC, {MEMINFO_SRC: 20 * 2**30}),
+    # v1 limited: 3 GiB limit, 1 GiB used
+    (None, (3 * 2**30, 2**30), V1_SRC, {MEMINFO_SRC: 20 * 2**30, V1_SRC: 2 * 2**30}),
+    # v1 without a limit (the huge value): only MemAvailable
+    (None, (V1_NO_LIMIT, 2**30), MEMINFO_SRC, {MEMINFO_SRC: 20 * 2**30}),
+    # no cgroup files at all
+    (None, None, MEMINFO_SRC, {MEMINFO_SRC: 20 * 2**30}),
+    # a cgroup limit above MemAvailable: MemAvailable bounds, both are recorded
+    (("107374182400", 2**30), None, MEMINFO_SRC, {MEMINFO_SRC: 20 * 2**30, V2_SRC: 99 * 2**30}),
+    # usage above the limit (the kernel reclaims lazily): 0 free, not negative
+    (("1073741824", 2 * 2**30), None, V2_SRC, {MEMINFO_SRC: 20 * 2**30, V2_SRC: 0}),
+])
+def test_cpu_free_memory_is_the_smaller_of_meminfo_and_the_cgroup(tmp_path, v2, v1, want_source, want_readings):
+    f = tmp_path / "meminfo"
+    _meminfo(f, 20 * 2**20)  # 20 GiB in kB
+    root = _cgroup(tmp_path / "cg", v2, v1)
+    free, source, readings = P.read_cpu_free(f, root)
+    assert (free, source, readings) == (min(want_readings.values()), want_source, want_readings)
+    got = P.measured_capacity("cpu", 2, meminfo=f, cgroup=root)
+    assert got.read_from == want_source and got.free_bytes == [free] and got.readings == want_readings
+    assert got.capacity == _closed_capacity(free, 2, 512 * MIB)
+    assert got.as_dict()["readings"] == want_readings  # what omnibal.json records
+
+
+def test_the_default_paths_are_the_module_constants(tmp_path, monkeypatch):
+    f = tmp_path / "meminfo"
+    _meminfo(f, 8 * 2**20)
+    monkeypatch.setattr(P, "MEMINFO", f)
+    monkeypatch.setattr(P, "CGROUP", _cgroup(tmp_path / "cg", v2=("2147483648", 2**30)))
+    got = P.measured_capacity("cpu", 1)
+    assert got.read_from == V2_SRC and got.free_bytes == [2**30]
+
+
+def test_bad_cgroup_files_raise(tmp_path):
+    f = tmp_path / "meminfo"
+    _meminfo(f, 20 * 2**20)
+    root = _cgroup(tmp_path / "a", v2=("lots", 0))
+    with pytest.raises(ValueError, match="memory.max"):
+        P.read_cpu_free(f, root)
+    root = _cgroup(tmp_path / "b", v2=("2147483648", 0))
+    (root / "memory.current").unlink()  # a limit whose usage cannot be read: the free memory is unknown
+    with pytest.raises(OSError):
+        P.measured_capacity("cpu", 1, meminfo=f, cgroup=root)
+    root = _cgroup(tmp_path / "c", v1=(2**31, 0))
+    (root / "memory" / "memory.usage_in_bytes").write_text("-5\n")
+    with pytest.raises(ValueError, match="usage_in_bytes"):
+        P.read_cgroup_free(root)

@@ -18,10 +18,12 @@ another (data balance, then model partition, then memory):
   :func:`~lmforge.methods.omnibal.recompute.plan_stages`).
 
 * :func:`measured_capacity` reads the memory a stage may use from the machine: on CUDA the free
-  bytes of each rank's device (``torch.cuda.mem_get_info``), on a CPU ``MemAvailable`` of
-  ``/proc/meminfo`` shared among the local ranks; both less a stated safety margin
-  (:data:`MARGIN_PERCENT`, :data:`RANK_RESERVE_BYTES`). :func:`capacity_rule` is the modelled
-  alternative (the reproduction's, fixed before its runs).
+  bytes of each rank's device (``torch.cuda.mem_get_info``), on a CPU the smaller of
+  ``MemAvailable`` of ``/proc/meminfo`` and the free memory of the cgroup the process runs in
+  (:func:`read_cpu_free`: in a container, ``/proc/meminfo`` shows the host), shared among the
+  local ranks; both less a stated safety margin (:data:`MARGIN_PERCENT`,
+  :data:`RANK_RESERVE_BYTES`). :func:`capacity_rule` is the modelled alternative (the
+  reproduction's, fixed before its runs).
 
 NOTE (free memory): the paper runs full recompute on the GPU and reads what is left. Here a stage's
 free memory is its capacity minus its *modelled* full-recompute memory (:func:`stage_memory`), and
@@ -34,7 +36,7 @@ by the margin).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,11 @@ from lmforge.methods.omnibal.simulate import stage_costs
 TILE_TOKENS = 256  # InternVL: one 448-px tile is 256 LLM tokens
 ADAMW_STATE_FACTOR = 4  # weights, gradients, exp_avg, exp_avg_sq
 MEMINFO = Path("/proc/meminfo")
+CGROUP = Path("/sys/fs/cgroup")
+# NOTE (cgroup v1's "no limit"): v1 writes an unlimited memory.limit_in_bytes as the largest page
+# multiple below 2**63 (9223372036854771712 with 4 KiB pages); any limit from 2**62 bytes (4 EiB) up
+# is read as that, not as a limit.
+CGROUP_V1_UNLIMITED = 2**62
 # NOTE (safety margin of the measured capacity): a rank may plan with its share of the free memory
 # less 10% (other processes' growth, allocator fragmentation) and less a fixed reserve for the
 # process itself, which the modelled stage memory leaves out: 512 MiB on a CPU (measured here: a
@@ -183,6 +190,65 @@ def read_mem_available(path: Path | None = None) -> int:
     raise ValueError("no MemAvailable line")
 
 
+def _read_int(path: Path, raw: str | None = None) -> int:
+    """The byte count in ``path`` (or in ``raw``, its text already read)."""
+    raw = (path.read_text() if raw is None else raw).strip()
+    if not (raw.isascii() and raw.isdigit()):
+        raise ValueError(f"{path}: expected a byte count, got {raw[:40]!r}")
+    return int(raw)
+
+
+def read_cgroup_free(root: Path | None = None) -> dict[str, int]:
+    """The free bytes of the memory cgroup mounted at ``root`` (default :data:`CGROUP`), per limit
+    found: ``{}`` when neither version sets one.
+
+    * v2: ``memory.max − memory.current`` (``memory.max`` of ``max``: no limit);
+    * v1: ``memory/memory.limit_in_bytes − memory/memory.usage_in_bytes`` (a limit from
+      :data:`CGROUP_V1_UNLIMITED` up: no limit).
+
+    Both are floored at 0. A limit file that does not exist is no limit.
+
+    NOTE (what the cgroup's usage counts): both usage files count the page cache of the cgroup,
+    which the kernel can reclaim, so ``limit − usage`` errs low (safe for a plan). Only the cgroup
+    mounted at ``root`` is read (a container's own, under Docker or Kubernetes): a process in a
+    nested cgroup of a host is not followed to its own folder.
+
+    Raises:
+        OSError: a limit exists and the usage beside it cannot be read.
+        ValueError: a file holds no byte count.
+    """
+    root = CGROUP if root is None else Path(root)
+    out: dict[str, int] = {}
+    try:
+        raw = (root / "memory.max").read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        raw = None
+    if raw is not None and raw != "max":
+        limit = _read_int(root / "memory.max", raw)
+        out["cgroup v2 memory.max - memory.current"] = max(0, limit - _read_int(root / "memory.current"))
+    try:
+        limit = _read_int(root / "memory" / "memory.limit_in_bytes")
+    except (FileNotFoundError, NotADirectoryError):
+        limit = None
+    if limit is not None and limit < CGROUP_V1_UNLIMITED:
+        usage = _read_int(root / "memory" / "memory.usage_in_bytes")
+        out["cgroup v1 memory.limit_in_bytes - memory.usage_in_bytes"] = max(0, limit - usage)
+    return out
+
+
+def read_cpu_free(meminfo: Path | None = None, cgroup: Path | None = None) -> tuple[int, str, dict[str, int]]:
+    """The free CPU memory of this process: the smaller of ``MemAvailable``
+    (:func:`read_mem_available`) and the cgroup's free bytes (:func:`read_cgroup_free`).
+
+    Returns:
+        ``(free bytes, the source that bounded it, every source read → its free bytes)``; on a tie
+        ``/proc/meminfo MemAvailable`` is named.
+    """
+    readings = {"/proc/meminfo MemAvailable": read_mem_available(meminfo), **read_cgroup_free(cgroup)}
+    source = min(readings, key=readings.__getitem__)  # first of the smallest: MemAvailable on a tie
+    return readings[source], source, readings
+
+
 def capacity_from_free(free_bytes: int, ranks: int, device: str = "cpu") -> int:
     """A stage's capacity from free memory shared by ``ranks`` processes: the share
     ``⌊free / ranks⌋``, less :data:`MARGIN_PERCENT` % of it (rounded up) and
@@ -199,12 +265,15 @@ class MeasuredCapacity:
 
     Attributes:
         device: ``"cpu"`` or ``"cuda"``.
-        read_from: ``"/proc/meminfo MemAvailable"`` or ``"torch.cuda.mem_get_info"``.
+        read_from: the source that bounded ``free_bytes``: on a CPU ``"/proc/meminfo MemAvailable"``,
+            ``"cgroup v2 memory.max - memory.current"`` or ``"cgroup v1 memory.limit_in_bytes -
+            memory.usage_in_bytes"`` (the smallest of ``readings``); on CUDA ``"torch.cuda.mem_get_info"``.
         free_bytes: the free bytes read: the machine's (CPU, one entry) or each used device's (CUDA).
         ranks: the local ranks sharing each entry of ``free_bytes``.
         margin_fraction: :data:`MARGIN_PERCENT` / 100.
         reserve_bytes: the per-rank reserve (:data:`RANK_RESERVE_BYTES`).
         capacity: bytes every stage plans with: the smallest :func:`capacity_from_free` over the entries.
+        readings: on a CPU, every source read and its free bytes (:func:`read_cpu_free`); on CUDA ``{}``.
     """
 
     device: str
@@ -214,16 +283,19 @@ class MeasuredCapacity:
     margin_fraction: float
     reserve_bytes: int
     capacity: int
+    readings: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def measured_capacity(device: str, local_ranks: int, meminfo: Path | None = None) -> MeasuredCapacity:
+def measured_capacity(device: str, local_ranks: int, meminfo: Path | None = None,
+                      cgroup: Path | None = None) -> MeasuredCapacity:
     """The per-stage capacity from the memory free on this machine now (before the run).
 
-    CPU: ``MemAvailable`` of ``/proc/meminfo`` divided among the ``local_ranks`` processes that share
-    the machine. CUDA: rank ``r`` uses device ``r mod device_count`` (as
+    CPU: the smaller of ``MemAvailable`` of ``/proc/meminfo`` and the cgroup's free memory
+    (:func:`read_cpu_free`), divided among the ``local_ranks`` processes that share the machine.
+    CUDA: rank ``r`` uses device ``r mod device_count`` (as
     :func:`~lmforge.methods.omnibal.pipeline.train_steps` places it); each used device's free bytes
     (``torch.cuda.mem_get_info``) are divided among its ranks. Both less the safety margin (see
     :func:`capacity_from_free`); the smallest share is every stage's capacity.
@@ -231,17 +303,21 @@ def measured_capacity(device: str, local_ranks: int, meminfo: Path | None = None
     Args:
         device: ``"cpu"`` or ``"cuda"``.
         local_ranks: the run's processes on this machine (``lmforge train omnibal``: ``--stages``;
-            under torchrun: ``LOCAL_WORLD_SIZE``).
+            the torchrun runtime measures nothing: it takes the recompute plan from ``--plan``).
         meminfo: the meminfo file (default :data:`MEMINFO`).
+        cgroup: the cgroup mount (default :data:`CGROUP`).
 
     Raises:
-        OSError, ValueError: the CPU's free memory cannot be read (see :func:`read_mem_available`).
+        OSError, ValueError: the CPU's free memory cannot be read (see :func:`read_mem_available`,
+            :func:`read_cgroup_free`).
         RuntimeError: CUDA's cannot (no device, or the driver call failed).
     """
     if local_ranks < 1:
         raise ValueError(f"local_ranks must be >= 1, got {local_ranks}")
+    readings: dict[str, int] = {}
     if device == "cpu":
-        free, ranks, read_from = [read_mem_available(meminfo)], [local_ranks], "/proc/meminfo MemAvailable"
+        got, read_from, readings = read_cpu_free(meminfo, cgroup)
+        free, ranks = [got], [local_ranks]
     elif device == "cuda":
         count = torch.cuda.device_count()
         if count < 1:
@@ -253,7 +329,8 @@ def measured_capacity(device: str, local_ranks: int, meminfo: Path | None = None
     else:
         raise ValueError(f"device must be cpu or cuda, got {device!r}")
     cap = min(capacity_from_free(f, k, device) for f, k in zip(free, ranks, strict=True))
-    return MeasuredCapacity(device, read_from, free, ranks, MARGIN_PERCENT / 100, RANK_RESERVE_BYTES[device], cap)
+    return MeasuredCapacity(device, read_from, free, ranks, MARGIN_PERCENT / 100, RANK_RESERVE_BYTES[device], cap,
+                            readings)
 
 
 def recompute_plan(mem: LayerMemory, fwd_s: Sequence[float], boundaries: Sequence[int], capacity: int,

@@ -13,7 +13,11 @@ the same :func:`~lmforge.methods.omnibal.pipeline.train_steps` in each:
   stages are consecutive ranks: on one node when ``pp`` divides the ranks per node.
 * The model, partition and recompute plan are given (``--boundaries``, ``--recompute``, model
   sizes) or read from an ``omnibal.json`` written by ``lmforge train omnibal`` (``--plan``: the
-  model, BMP's partition, the recompute plan, the profiled micro-batch shape). Micro-batch shapes
+  model, BMP's partition, the recompute plan, the profiled micro-batch shape). A plan is for the
+  stage count and device it was made for (``partition.stages``, ``run.device``): make it with
+  ``lmforge train omnibal --stages PP --device DEVICE`` on the target machine, where its memory
+  capacity is measured (this runtime measures nothing). ``--boundaries`` is refused with
+  ``--plan``: the plan's recompute set was chosen for its own partition. Micro-batch shapes
   are drawn from ``--seed`` (:func:`synthetic_plans`) and the data are random, as in
   :func:`~lmforge.methods.omnibal.pipeline.micro_batch`: the runtime is for timing and exactness
   checks, not for training on a data set.
@@ -53,7 +57,7 @@ def env_grid() -> tuple[int, int, int, int]:
     vals = []
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         raw = os.environ.get(name)
-        if raw is None or not raw.isdigit():
+        if raw is None or not (raw.isascii() and raw.isdigit()):  # "²".isdigit(), but int("²") raises
             raise UserError(f"{name}={raw!r} in the environment: start this module with torchrun "
                             "(torchrun --nproc-per-node N -m lmforge.methods.omnibal.torchrun ...)")
         vals.append(int(raw))
@@ -111,17 +115,76 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def env_master() -> tuple[str, int]:
+    """``(MASTER_ADDR, MASTER_PORT)``, which ``init_process_group``'s ``env://`` rendezvous reads.
+
+    NOTE: checked whatever WORLD_SIZE is: torch's ``env://`` handler reads both for one rank too.
+
+    Raises:
+        UserError: one is missing, or the port is not an integer in 1..65535.
+    """
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        raise UserError(f"MASTER_ADDR={addr!r} MASTER_PORT={port!r} in the environment: the env:// rendezvous "
+                        "needs a host and a port 1..65535 (torchrun sets both)")
+    return addr, int(port)
+
+
+def _read_plan(args: argparse.Namespace) -> dict[str, Any]:
+    """``--plan``'s model sizes, micro-batch shape, BMP boundaries and recompute set, checked against
+    ``--pp``, ``--device`` and ``--boundaries``.
+
+    Raises:
+        UserError: unreadable, a key missing or ill-typed, made for another stage count or device,
+            or ``--boundaries`` given too.
+    """
+    path = args.plan
+    if args.boundaries is not None:
+        raise UserError(f"--boundaries with --plan {path}: the plan's recompute set was chosen for its own "
+                        "partition; drop --boundaries, or --plan (then give --recompute)")
+    try:
+        report = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--plan {path}: cannot read it as JSON ({' '.join(str(exc).split())})") from None
+
+    def get(*keys: str) -> Any:
+        node: Any = report
+        for k in keys:
+            if not isinstance(node, dict) or k not in node:
+                raise UserError(f"--plan {path}: no {'.'.join(keys)}: not an omnibal.json from "
+                                "`lmforge train omnibal`")
+            node = node[k]
+        return node
+
+    def ints(*keys: str) -> list[int]:
+        val = get(*keys)
+        if not (isinstance(val, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in val)):
+            raise UserError(f"--plan {path}: {'.'.join(keys)} must be a list of integers, got {val!r}")
+        return val
+
+    sizes = {k: get("model", k) for k in ("vit_layers", "llm_layers", "d_model", "patch_tokens", "vit_mlp_ratio")}
+    plan = {"sizes": sizes, "shape": ints("model", "profiled_shape"), "bmp": ints("partition", "bmp"),
+            "recompute": ints("recompute", "recomputed_layers"), "stages": get("partition", "stages"),
+            "device": get("run", "device")}
+    bad = [k for k, v in (*((f"model.{k}", v) for k, v in sizes.items()), ("partition.stages", plan["stages"]))
+           if not isinstance(v, int) or isinstance(v, bool)]
+    if bad or len(plan["shape"]) != 2:
+        raise UserError(f"--plan {path}: not an omnibal.json from `lmforge train omnibal` (bad "
+                        f"{', '.join(bad) or 'model.profiled_shape'})")
+    if plan["stages"] != args.pp or plan["device"] != args.device:
+        nccl = " --backend nccl" if args.device == "cuda" else ""
+        raise UserError(f"--plan {path} was made for {plan['stages']} stages on {plan['device']}, this run has "
+                        f"--pp {args.pp} --device {args.device}: make the plan with `lmforge train omnibal "
+                        f"--stages {args.pp}{nccl} --device {args.device}` on the target machine")
+    return plan
+
+
 def _config(args: argparse.Namespace) -> tuple[VLMConfig, list[int], set[int], int, int]:
     """The model, boundaries, recompute set and micro-batch maxima from the arguments (and ``--plan``)."""
-    report: dict[str, Any] = {}
+    plan: dict[str, Any] = {}
     if args.plan is not None:
-        try:
-            report = json.loads(Path(args.plan).read_text())
-            model, shape = report["model"], report["model"]["profiled_shape"]
-            sizes = {k: int(model[k]) for k in ("vit_layers", "llm_layers", "d_model", "patch_tokens",
-                                                "vit_mlp_ratio")}
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise UserError(f"--plan {args.plan}: not an omnibal.json from `lmforge train omnibal` ({exc})") from None
+        plan = _read_plan(args)
+        sizes, shape = plan["sizes"], plan["shape"]
     else:
         sizes = {k: getattr(args, k) for k in ("vit_layers", "llm_layers", "d_model", "patch_tokens",
                                                 "vit_mlp_ratio")}
@@ -140,13 +203,13 @@ def _config(args: argparse.Namespace) -> tuple[VLMConfig, list[int], set[int], i
     cfg = VLMConfig(n_heads=2 if sizes["d_model"] % 2 == 0 else 1, dtype=DTYPES[args.dtype], **sizes)
     bounds = _ints(args.boundaries, "--boundaries")
     if bounds is None:
-        bounds = (list(report["partition"]["bmp"]) if report
+        bounds = (list(plan["bmp"]) if plan
                   else equal_split(cfg.n_layers, args.pp) if args.pp <= cfg.n_layers else [])
     if len(bounds) != args.pp - 1:
         raise UserError(f"{len(bounds)} boundaries for --pp {args.pp} (need {args.pp - 1})")
     stage_cuts(bounds, cfg.n_layers)  # raises on empty stages
     rec = _ints(args.recompute, "--recompute")
-    rec_set = set(rec if rec is not None else (report["recompute"]["recomputed_layers"] if report else []))
+    rec_set = set(rec if rec is not None else (plan["recompute"] if plan else []))
     bad = sorted(i for i in rec_set if not 0 <= i < cfg.n_layers)
     if bad:
         raise UserError(f"--recompute layers {bad} are outside 0..{cfg.n_layers - 1}")
@@ -164,15 +227,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from lmforge.methods.omnibal.pipeline import train_steps
 
     rank, world, local_rank, local_world = env_grid()
-    cfg, bounds, rec, tiles, text = _config(args)
     if args.backend not in ("gloo", "nccl") or args.device not in ("cpu", "cuda"):
         raise UserError(f"--backend gloo|nccl and --device cpu|cuda, got {args.backend!r} / {args.device!r}")
     if (args.backend == "nccl") != (args.device == "cuda"):
         raise UserError("use --backend nccl with --device cuda, and gloo with cpu (gloo sends CPU tensors only)")
+    cfg, bounds, rec, tiles, text = _config(args)
     if args.device == "cuda" and local_rank >= torch.cuda.device_count():
         raise UserError(f"LOCAL_RANK {local_rank} has no CUDA device ({torch.cuda.device_count()} visible)")
     if world % args.pp:
         raise UserError(f"WORLD_SIZE {world} is not a multiple of --pp {args.pp}")
+    env_master()
     dp = world // args.pp
     plans = synthetic_plans(args.steps, dp, args.micro_batches, tiles, text, args.seed)
     device = "cpu"
