@@ -107,8 +107,6 @@ class TestRun:
         return {"statuses": self.statuses, "kinds": self.kinds, "tests": len(self.statuses)}
 
 
-
-
 def _git_out(repo_root: Path, *args: str, stdin: bytes | None = None) -> bytes:
     proc = subprocess.run(["git", *GIT_SAFETY, "-C", str(repo_root), *args], input=stdin, capture_output=True,
                           check=False, env={"PATH": os.environ.get("PATH", os.defpath), "LC_ALL": "C",
