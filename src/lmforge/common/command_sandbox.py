@@ -95,7 +95,7 @@ from lmforge.common.sandbox import (
     _LL_READ_FILE,
     _LL_TRUNCATE,
     _LL_WRITE_FILE,
-    _finite_positive,
+    _check_limits,
     _has_exited,
     _killpg,
     _landlock_abi,
@@ -191,12 +191,7 @@ class CommandLimits:
     max_output_bytes: int = 4_000_000
 
     def __post_init__(self) -> None:
-        for name in self.__dataclass_fields__:
-            value = getattr(self, name)
-            if not _finite_positive(value):
-                raise UserError(
-                    f"CommandLimits.{name} must be a finite positive number, got {value!r:.40}"
-                )
+        _check_limits(self)
 
 
 @dataclass(frozen=True)

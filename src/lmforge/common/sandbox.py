@@ -171,12 +171,18 @@ class SandboxLimits:
     max_result_bytes: int = 100_000_000
 
     def __post_init__(self) -> None:
-        for name in self.__dataclass_fields__:
-            value = getattr(self, name)
-            if not _finite_positive(value):
-                raise UserError(
-                    f"SandboxLimits.{name} must be a finite positive number, got {value!r:.40}"
-                )
+        _check_limits(self)
+
+
+def _check_limits(limits: Any) -> None:
+    """Every field of a limits dataclass must be a finite positive number (shared with
+    :class:`lmforge.common.command_sandbox.CommandLimits`)."""
+    for name in limits.__dataclass_fields__:
+        value = getattr(limits, name)
+        if not _finite_positive(value):
+            raise UserError(
+                f"{type(limits).__name__}.{name} must be a finite positive number, got {value!r:.40}"
+            )
 
 
 def _finite_positive(value: Any) -> bool:

@@ -274,3 +274,12 @@ def test_rule_repair_adds_the_missing_module():
     assert fixed is not None and fixed.install == ["pip install toydep", "pip install -e ."]
     assert RuleExtractor().repair(fixed, "No module named 'toydep'") is None  # already there
     assert RuleExtractor().repair(plan, "AssertionError") is None
+
+
+@pytest.mark.parametrize(("command", "expected"), [
+    ("python manage.py test {posargs}", "tox -e py"),   # Django's -v wants a level: nothing passed
+    ("nosetests {posargs}", "tox -e py"),
+])
+def test_tox_posargs_leave_other_runners_alone(tmp_path: Path, command: str, expected: str):
+    repo = _repo(tmp_path, {"tox.ini": f"[tox]\nenvlist = py311\n\n[testenv]\ncommands = {command}\n"})
+    assert extract_rules(repo).test_commands == [expected]

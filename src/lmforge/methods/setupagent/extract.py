@@ -46,7 +46,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from lmforge.common.chat import extract_json
 from lmforge.common.errors import UserError
-from lmforge.methods.setupagent.parsers import PARSERS
+from lmforge.methods.setupagent.parsers import PARSERS, runner_of
 
 # ------------------------------------------------------------------------------------------ plan
 
@@ -429,10 +429,13 @@ def _tox_posargs(tox_cmds: list[tuple[str, int, str]]) -> list[str]:
         if "{posargs}" not in cmd:
             continue
         words = cmd.replace("{posargs}", " ").split()
-        if re.search(r"-m\s+unittest\b", cmd):
-            return [] if any(w in ("-v", "--verbose") for w in words) else ["-v"]
-        if re.search(r"(?:^|[\s/}])(?:py\.test|pytest)\b", cmd):
+        runner = runner_of(cmd)  # the same reading of a tox command as the tox log parser's
+        if runner == "pytest":
             return [] if any(w == "-rA" or (w.startswith("-r") and "A" in w) for w in words) else ["-rA"]
+        # NOTE: only `-m unittest` takes a bare -v; Django's runners want a level (-v 2) and nose
+        # is left as it is.
+        if runner == "unittest" and re.search(r"-m\s+unittest\b", cmd):
+            return [] if any(w in ("-v", "--verbose") for w in words) else ["-v"]
         return []
     return []
 

@@ -230,7 +230,7 @@ def _is_tox_line(line: str) -> bool:
     return " ... " not in line and any(p.match(line) for p in _TOX_LINES)
 
 
-def _runner_of(command: str) -> str | None:
+def runner_of(command: str) -> str | None:
     """The framework a tox command runs, from its command line; None if it does not say."""
     cmd = command.lower()
     if re.search(r"\b(py\.test|pytest)\b", cmd):
@@ -273,7 +273,7 @@ def parse_tox(log: str, inner: str | None = None) -> dict[str, str]:
     for raw in strip_ansi(log).splitlines():
         m = _TOX_COMMAND.match(raw)
         if m:
-            blocks.append((_runner_of(m["cmd"]), []))
+            blocks.append((runner_of(m["cmd"]), []))
             continue
         if _is_tox_line(raw):
             continue
