@@ -84,8 +84,13 @@ def evaluate(model, tok, puzzles: dict[str, list[mini.Puzzle]]) -> tuple[dict[st
 def run_arm(base, tok, strategy: str, budget: int, pools: dict[tuple[str, str], list[Example]],
             eval_puzzles: dict[str, list[mini.Puzzle]], hard_probe: dict[str, torch.Tensor], seed: int,
             cfg: TrainConfig | None = None, probes_per_phase: int = 4, probe_batch: int = 32,
-            keep_model: bool = False, progress: bool = False) -> ArmResult:
-    """Train a copy of ``base`` on ``strategy`` for ``budget`` examples and evaluate it."""
+            keep_model: bool = False, progress: bool = False,
+            loss_puzzles: list[mini.Puzzle] | None = None) -> ArmResult:
+    """Train a copy of ``base`` on ``strategy`` for ``budget`` examples and evaluate it.
+
+    Each alignment probe records :func:`align.probe`'s statistics (``cos``, ``drop``, ``ratio``, the
+    gradient norms); with ``loss_puzzles`` (HARD puzzles) also the §5 HARD-image loss decomposition
+    (``loss_conversion``, ``loss_reasoning``, ``loss_direct``: :func:`align.hard_image_losses`)."""
     model = copy.deepcopy(base)
     cfg = cfg or TrainConfig(seed=seed)
     phases = supervision.plan(strategy, budget)
@@ -107,11 +112,12 @@ def run_arm(base, tok, strategy: str, budget: int, pools: dict[tuple[str, str], 
                 print(f"[s2h {strategy}] phase {_k + 1}/{len(phases)} step {step + 1}/{total} loss {loss:.3f} "
                       f"({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
             if step in _at:
-                key = steps + step
-                g_h = align.flat_grad(model, hard_probe)
-                g_t = align.flat_grad(model, make_batch(tok, _data, probe_ids))
-                aligns.append({"phase": _k, "step": key, "cos": align.cosine(g_t, g_h),
-                               "drop": align.predicted_drop(g_t, g_h, cfg.lr)})
+                rec = {"phase": _k, "step": steps + step,
+                       **align.probe(model, make_batch(tok, _data, probe_ids), hard_probe, cfg.lr)}
+                if loss_puzzles:
+                    parts = align.hard_image_losses(model, tok, loss_puzzles)
+                    rec.update({f"loss_{name}": v for name, v in parts.items()})
+                aligns.append(rec)
                 model.train()
 
         ls = train(model, tok, data, phase.epochs, phase_cfg, on_step=on_step)
