@@ -112,28 +112,41 @@ def reduce_tokens(
 
 def _log_probs(
     student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """log q, log p and the (B, T, V) bool mask of the entries left out (either logit is -inf).
 
     Left-out entries hold log-probability 0 in both (finite, so no NaN reaches a value or a gradient);
     every per-vocabulary term below is 0 there and is also zeroed explicitly by :func:`_vocab_sum`.
+    When no logit is -inf (the usual case) the mask is None and the plain log-softmaxes are returned:
+    the masked path would give the same values and gradients bit for bit (each ``torch.where`` keeps
+    its input where nothing is left out), at several more passes over a (B, T, V) tensor.
     """
-    out = torch.isneginf(student_logits) | torch.isneginf(teacher_logits)
+    s_inf = torch.isneginf(student_logits)
+    t_inf = torch.isneginf(teacher_logits)
 
-    def log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    def scaled(logits: torch.Tensor) -> torch.Tensor:
+        return logits if temperature == 1.0 else logits / temperature  # x / 1.0 == x exactly
+
+    if not (bool(s_inf.any()) or bool(t_inf.any())):
+        return F.log_softmax(scaled(student_logits), dim=-1), F.log_softmax(scaled(teacher_logits), dim=-1), None
+    out = s_inf | t_inf
+
+    def log_softmax(logits: torch.Tensor, inf: torch.Tensor) -> torch.Tensor:
         # A position masked everywhere would give -inf - (-inf) = NaN: give it finite logits; all
         # its entries are left out anyway.
-        dead = torch.isneginf(logits).all(-1, keepdim=True)
+        dead = inf.all(-1, keepdim=True)
         logits = torch.where(dead, torch.zeros_like(logits), logits)
-        logp = F.log_softmax(logits / temperature, dim=-1)
+        logp = F.log_softmax(scaled(logits), dim=-1)
         return torch.where(out, torch.zeros_like(logp), logp)
 
-    return log_softmax(student_logits), log_softmax(teacher_logits), out
+    return log_softmax(student_logits, s_inf), log_softmax(teacher_logits, t_inf), out
 
 
-def _vocab_sum(log_input: torch.Tensor, log_target: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def _vocab_sum(log_input: torch.Tensor, log_target: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     """sum_v exp(log_target) * (log_target - log_input) over the entries not left out: (B, T)."""
     term = F.kl_div(log_input, log_target, reduction="none", log_target=True)
+    if out is None:
+        return term.sum(-1)
     return torch.where(out, torch.zeros_like(term), term).sum(-1)
 
 

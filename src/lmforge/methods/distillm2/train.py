@@ -18,6 +18,18 @@ What we reuse from TRL 1.16 and why:
       is simpler than subclassing either and runs on CPU without accelerate.
     * PEFT ``LoraConfig``/``get_peft_model`` for the LoRA option (the paper trains LoRA r = 16 on all
       linear layers).
+
+Performance paths (each gives the loss the plain path gives, up to float rounding; tests check it):
+    * Only the positions that predict a response token go through the output head and the losses
+      (:func:`response_index`, :func:`response_logits`): a forward pre-hook on the model's output
+      embedding gathers those hidden states, so a long prompt no longer costs a (T, V) logit block per
+      row (the prompt still runs through every block, as it must). The official code computes all
+      logits and masks the prompt; the masked positions contribute nothing to the loss or its gradient.
+    * :class:`TeacherCache`: the teacher is frozen, so its logits on a (prompt, response) sequence are
+      the same in every epoch and for every loss that sees that sequence. The teacher's responses are
+      looked up after their first forward; a cache the caller passes to several runs also keeps the
+      first epoch's student responses, which repeat across runs that start from the same student with
+      the same seed (see ``first_student_responses``).
 """
 
 from __future__ import annotations
@@ -75,6 +87,143 @@ def mean_token_logprob(logits: torch.Tensor, targets: torch.Tensor, mask: torch.
     return (lp * m).sum(-1) / m.sum(-1).clamp_min(1.0)
 
 
+def response_index(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The positions that predict a response token, row by row, left-aligned.
+
+    Returns:
+        ``(index, mask, targets)``, each (N, R) with R the most response tokens of any row: ``index``
+        the positions (a row with fewer tokens is padded with its last one, ``mask`` False there),
+        ``targets`` the token each position predicts. ``logits[:, :-1].gather`` at ``index`` with
+        ``mask`` holds exactly what :func:`shifted` selects.
+    """
+    _, full = shifted(batch["input_ids"].unsqueeze(-1), batch)
+    counts = full.sum(-1)
+    width = max(int(counts.max()), 1) if full.numel() else 1
+    index = torch.zeros(full.shape[0], width, dtype=torch.long)
+    mask = torch.zeros(full.shape[0], width, dtype=torch.bool)
+    for r in range(full.shape[0]):
+        pos = full[r].nonzero().flatten()
+        if len(pos):
+            index[r, :len(pos)] = pos
+            index[r, len(pos):] = pos[-1]
+            mask[r, :len(pos)] = True
+    targets = batch["input_ids"].gather(1, index + 1)
+    return index, mask, targets
+
+
+def response_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    index: torch.Tensor) -> torch.Tensor:
+    """``model``'s logits at ``index`` (N, R) only: (N, R, V).
+
+    A forward pre-hook on the output embedding (``get_output_embeddings()``, the LM head; a peft
+    model passes the call to the model it wraps) gathers the final hidden states at ``index`` before
+    the head, so the head and everything after it see R positions instead of T. A model the hook does
+    not reach (no output embedding, or logits of another width) falls back to full logits, gathered.
+    """
+    head = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
+    handle = None
+    if head is not None:
+        def gather(_mod: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+            h = args[0]
+            return (h.gather(1, index.unsqueeze(-1).expand(-1, -1, h.shape[-1])), *args[1:])
+
+        handle = head.register_forward_pre_hook(gather)
+    try:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    finally:
+        if handle is not None:
+            handle.remove()
+    if logits.shape[1] == index.shape[1] and handle is not None:
+        return logits
+    return logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+
+
+class TeacherCache:
+    """Teacher logits at the response positions of (prompt, response) sequences, kept across epochs
+    and, when the caller passes one cache to several :func:`distill` runs, across runs.
+
+    The teacher is frozen (:func:`distill` switches its gradients off and runs it in eval mode), so its
+    logits on a sequence do not depend on the epoch or the loss. Entries are (n, V) tensors in the
+    dtype the forward gave (bf16 under ``cfg.bf16``), keyed by the token ids and the bf16 flag. One
+    cache serves one teacher: :func:`distill` refuses a cache that saw another teacher. A cached row
+    was computed in its first batch; recomputed in another batch (other padding width) it may differ
+    by float rounding only.
+    """
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[Any, ...], torch.Tensor] = {}
+        self.teacher: int | None = None
+        self.hits = 0
+        self.misses = 0
+
+    def bind(self, teacher: Any) -> None:
+        if self.teacher is None:
+            self.teacher = id(teacher)
+        elif self.teacher != id(teacher):
+            raise ValueError("this TeacherCache holds another teacher's logits")
+
+
+def _teacher_logits(teacher: Any, batch: dict[str, torch.Tensor], index: torch.Tensor, mask: torch.Tensor,
+                    keys: list[tuple[Any, ...]], store: list[bool], cache: TeacherCache, bf16: bool) -> torch.Tensor:
+    """(N, R, V) teacher logits at ``index``: cached rows looked up, the others computed together (their
+    own right-padded sub-batch) and stored where ``store`` says; positions outside ``mask`` hold 0."""
+    n, width = index.shape
+    rows: list[torch.Tensor | None] = [cache.entries.get(k) for k in keys]
+    todo = [r for r in range(n) if rows[r] is None]
+    cache.hits += n - len(todo)
+    cache.misses += len(todo)
+    if todo:
+        sel = torch.tensor(todo, dtype=torch.long)
+        att = batch["attention_mask"][sel]
+        cols = int(att.sum(-1).max())
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = response_logits(teacher, batch["input_ids"][sel, :cols], att[:, :cols], index[sel])
+        for j, r in enumerate(todo):
+            rows[r] = out[j, :int(mask[r].sum())].detach().clone()
+            if store[r]:
+                cache.entries[keys[r]] = rows[r]
+    first = rows[0]
+    assert first is not None
+    t = torch.zeros(n, width, first.shape[-1], dtype=first.dtype)
+    for r, block in enumerate(rows):
+        assert block is not None
+        t[r, :block.shape[0]] = block
+    return t
+
+
+def response_loss(
+    cfg: DistillConfig,
+    s: torch.Tensor,
+    t: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    beta: float,
+    alpha: tuple[float | torch.Tensor, float | torch.Tensor],
+) -> torch.Tensor:
+    """The configured loss on aligned logits: ``s``, ``t`` (2B, R, V) at the positions whose targets
+    ``mask`` (2B, R) marks, rows [:B] teacher responses and [B:] student responses (what
+    :func:`batch_loss` computes from full logits, see :func:`response_index`)."""
+    b = s.shape[0] // 2
+    if cfg.loss == "distillm2":
+        return L.distillm2_loss(s[:b], t[:b], s[b:], t[b:], alpha, beta, mask[:b], mask[b:], reduction="sequence")
+
+    def div(st: torch.Tensor, te: torch.Tensor, m: torch.Tensor, a: float | torch.Tensor) -> torch.Tensor:
+        if cfg.loss == "kl":
+            return L.forward_kl(st, te, m, reduction="sequence")
+        if cfg.loss == "rkl":
+            return L.reverse_kl(st, te, m, reduction="sequence")
+        if cfg.loss == "gjsd":
+            return L.generalized_jsd(st, te, cfg.gjsd_beta, m, reduction="sequence")
+        return L.skew_kl(st, te, a, m, reduction="sequence")
+
+    if cfg.baseline_data == "teacher":
+        return div(s[:b], t[:b], mask[:b], alpha[0])
+    if cfg.baseline_data == "student":
+        return div(s[b:], t[b:], mask[b:], alpha[1])
+    # Equal weight on both data types: the same data DistiLLM-2 sees (official "gkd" sums both terms).
+    return 0.5 * div(s[:b], t[:b], mask[:b], alpha[0]) + 0.5 * div(s[b:], t[b:], mask[b:], alpha[1])
+
+
 def batch_loss(
     cfg: DistillConfig,
     s_logits: torch.Tensor,
@@ -99,25 +248,7 @@ def batch_loss(
     """
     s, mask = shifted(s_logits, batch)
     t, _ = shifted(t_logits, batch)
-    b = s.shape[0] // 2
-    if cfg.loss == "distillm2":
-        return L.distillm2_loss(s[:b], t[:b], s[b:], t[b:], alpha, beta, mask[:b], mask[b:], reduction="sequence")
-
-    def div(st: torch.Tensor, te: torch.Tensor, m: torch.Tensor, a: float | torch.Tensor) -> torch.Tensor:
-        if cfg.loss == "kl":
-            return L.forward_kl(st, te, m, reduction="sequence")
-        if cfg.loss == "rkl":
-            return L.reverse_kl(st, te, m, reduction="sequence")
-        if cfg.loss == "gjsd":
-            return L.generalized_jsd(st, te, cfg.gjsd_beta, m, reduction="sequence")
-        return L.skew_kl(st, te, a, m, reduction="sequence")
-
-    if cfg.baseline_data == "teacher":
-        return div(s[:b], t[:b], mask[:b], alpha[0])
-    if cfg.baseline_data == "student":
-        return div(s[b:], t[b:], mask[b:], alpha[1])
-    # Equal weight on both data types: the same data DistiLLM-2 sees (official "gkd" sums both terms).
-    return 0.5 * div(s[:b], t[:b], mask[:b], alpha[0]) + 0.5 * div(s[b:], t[b:], mask[b:], alpha[1])
+    return response_loss(cfg, s, t, mask, beta=beta, alpha=alpha)
 
 
 def apply_lora(model: Any, cfg: DistillConfig) -> Any:
@@ -139,6 +270,8 @@ def distill(
     teacher_responses: list[tuple[str, list[int]]] | None = None,
     on_step: Callable[[dict[str, float], Any], None] | None = None,
     copy_student: bool = True,
+    teacher_cache: TeacherCache | None = None,
+    first_student_responses: list[tuple[str, list[int]]] | None = None,
 ) -> DistillResult:
     """Distil ``teacher`` into ``student`` on ``prompts`` with the loss in ``cfg``.
 
@@ -152,6 +285,14 @@ def distill(
             sampled here when None.
         on_step: called after every optimizer step with the step record and the student (for curves).
         copy_student: deep-copy the student so the caller's model is left untouched.
+        teacher_cache: a :class:`TeacherCache` to share teacher logits with other runs on the same
+            teacher (it then also keeps epoch 1's student responses); None: a private one (the
+            teacher's responses are still computed once per run).
+        first_student_responses: epoch 1's student responses, sampled by the caller: they must be what
+            this run would sample, ``sample_responses(student, tokenizer, prompts, seed=cfg.seed + 1000,
+            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+            batch_size=cfg.gen_batch_size)`` (LoRA adapters start at zero, so the wrapped student samples
+            what the plain one does). Several runs from one student share one sampling this way.
 
     Returns:
         A :class:`DistillResult`.
@@ -170,6 +311,11 @@ def distill(
                batch_size=cfg.gen_batch_size)
     if teacher_responses is None:
         teacher_responses = sample_responses(teacher, tokenizer, prompts, seed=cfg.seed, **gen)
+    if first_student_responses is not None and len(first_student_responses) != len(prompts):
+        raise ValueError("first_student_responses and prompts differ in number")
+    shared = teacher_cache is not None
+    cache = teacher_cache if teacher_cache is not None else TeacherCache()
+    cache.bind(teacher)
     student.train()
     params = [p for p in student.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -183,7 +329,10 @@ def distill(
     step = 0
     for epoch in range(cfg.epochs):
         if epoch == 0 or cfg.regenerate_student:
-            student_out = sample_responses(student, tokenizer, prompts, seed=cfg.seed + 1000 * (epoch + 1), **gen)
+            if epoch == 0 and first_student_responses is not None:
+                student_out = first_student_responses
+            else:
+                student_out = sample_responses(student, tokenizer, prompts, seed=cfg.seed + 1000 * (epoch + 1), **gen)
             pairs = (build_pairs(tokenizer, prompts, teacher_responses, student_out) if epoch == 0
                      else with_student(pairs, student_out))
         order = list(range(len(pairs)))
@@ -192,13 +341,17 @@ def distill(
         for i in range(steps_per_epoch):
             chunk = [pairs[j] for j in order[i * cfg.batch_size:(i + 1) * cfg.batch_size]]
             batch = collate_pairs(chunk, pad_id)
+            index, mask, targets = response_index(batch)
+            keys = ([(cfg.bf16, tuple(p.prompt_ids), tuple(p.chosen_ids)) for p in chunk]
+                    + [(cfg.bf16, tuple(p.prompt_ids), tuple(p.rejected_ids)) for p in chunk])
+            # Keep the teacher's responses always, epoch 1's student responses for a shared cache.
+            store = [True] * len(chunk) + [shared and epoch == 0] * len(chunk)
+            t_logits = _teacher_logits(teacher, batch, index, mask, keys, store, cache, cfg.bf16)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-                with torch.no_grad():
-                    t_logits = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                s_logits = student(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+                s_logits = response_logits(student, batch["input_ids"], batch["attention_mask"], index)
             beta = L.beta_schedule(step, total, cfg.gradual_beta, cfg.beta)
-            alpha = _alphas(cfg, epoch, s_logits, t_logits, batch, anchor)
-            loss = batch_loss(cfg, s_logits.float(), t_logits.float(), batch, beta=beta, alpha=alpha)
+            alpha = _alphas(cfg, epoch, s_logits, t_logits, targets, mask, anchor)
+            loss = response_loss(cfg, s_logits.float(), t_logits.float(), mask, beta=beta, alpha=alpha)
             lr = cfg.lr * _lr_factor(step, total, warmup, cfg.min_lr_ratio)
             for g in opt.param_groups:
                 g["lr"] = lr
@@ -233,12 +386,14 @@ def _mean(a: float | torch.Tensor) -> float:
 def _alphas(
     cfg: DistillConfig,
     epoch: int,
-    s_logits: torch.Tensor,
-    t_logits: torch.Tensor,
-    batch: dict[str, torch.Tensor],
+    s: torch.Tensor,
+    t: torch.Tensor,
+    tgt: torch.Tensor,
+    mask: torch.Tensor,
     anchor: dict[str, list[float]],
 ) -> tuple[float | torch.Tensor, float | torch.Tensor]:
-    """alpha for the SKL and SRKL terms: fixed ``cfg.alpha`` or, with ``update_alpha``, adaptive.
+    """alpha for the SKL and SRKL terms: fixed ``cfg.alpha`` or, with ``update_alpha``, adaptive
+    (``s``, ``t``: aligned student and teacher logits, ``tgt`` their targets, see :func:`response_index`).
 
     NOTE: the official code records the anchor m once from the first logged batch (and, by a lookup
     bug, never actually uses it, see :func:`losses.adaptive_alpha`). The paper switches adaptive alpha
@@ -247,10 +402,7 @@ def _alphas(
     if not cfg.update_alpha:
         return cfg.alpha, cfg.alpha
     with torch.no_grad():
-        s, mask = shifted(s_logits.detach(), batch)
-        t, _ = shifted(t_logits, batch)
-        tgt = batch["input_ids"][:, 1:]
-        lq = mean_token_logprob(s, tgt, mask)
+        lq = mean_token_logprob(s.detach(), tgt, mask)
         lp = mean_token_logprob(t, tgt, mask)
         b = s.shape[0] // 2
         if epoch == 0:
