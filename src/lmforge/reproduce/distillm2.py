@@ -549,7 +549,8 @@ def humaneval_program(problem: dict[str, Any], response: str) -> str:
 
     The response is cut at its code fences (```); in the first piece (a fenced block without its
     language tag, or the text before, between or after the fences) that defines the entry point, the
-    lines of valid Python from its first top-level statement on (:func:`_python_of`) follow the stub,
+    lines of valid Python from its first top-level statement that starts such lines
+    (:func:`_python_of`) follow the stub,
     whose imports and helper functions they may use, and their definition replaces the stub's.
     Without such a piece, the first fenced block (else the whole response) is read as the body that
     continues the stub (the base-model convention). Then the problem's test and ``check(entry_point)``.
@@ -570,23 +571,23 @@ def humaneval_program(problem: dict[str, Any], response: str) -> str:
 
 def _python_of(text: str, defines: re.Pattern[str]) -> str | None:
     """The longest run of lines of ``text`` that starts at its first top-level ``def``/``class``/
-    ``import``/``from``/decorator line, parses as Python and matches ``defines``; None if there is none
-    (prose before and after the code is dropped)."""
+    ``import``/``from``/decorator line from which some run parses as Python and matches ``defines``;
+    None if there is none (prose before and after the code is dropped; a line of prose that starts
+    like a statement, "from the docstring, ...", is skipped as a start)."""
     import ast
 
     lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if re.match(r"(def |class |import |from |@)", line)), None)
-    if start is None:
-        return None
-    for end in range(len(lines), start, -1):
-        chunk = "\n".join(lines[start:end])
-        if not defines.search(chunk):
-            break
-        try:
-            ast.parse(chunk)
-        except SyntaxError:
-            continue
-        return chunk
+    starts = [i for i, line in enumerate(lines) if re.match(r"(def |class |import |from |@)", line)]
+    for start in starts:
+        for end in range(len(lines), start, -1):
+            chunk = "\n".join(lines[start:end])
+            if not defines.search(chunk):
+                break
+            try:
+                ast.parse(chunk)
+            except SyntaxError:
+                continue
+            return chunk
     return None
 
 
@@ -738,8 +739,9 @@ def real_experiment(seed: int = 0, losses: tuple[str, ...] = COMPARED, n_train: 
             lap("task scores", t2)
         return out
 
+    t = _time.perf_counter()
     teacher_tasks = task_scores(teacher, tok, tasks, memo) if tasks else {}
-    t = lap("task scores", _time.perf_counter())
+    t = lap("task scores", t)
     base = evaluate(student0)
     say(f"warm student: seq KL {base['fkl']:.3f}; {(_time.perf_counter() - t0):.0f} s")
 
@@ -865,8 +867,10 @@ def _run_real(opts: ReproduceOptions, losses: tuple[str, ...] = COMPARED, **sett
          "held-out HumanEval items (a fixed set, the same for every model): BFCL AST accuracy with BFCL's "
          "prompting-mode system prompt listing the entry's function (the distillation prompts carry the question "
          f"only; at most {REAL_BFCL_TOKENS} new tokens) and lmforge's BFCL AST checker; HumanEval pass@1 on the "
-         f"held-out prompt itself (at most {REAL_HUMANEVAL_TOKENS} new tokens), the first fenced code block run "
-         "with the problem's tests in lmforge's sandbox. With this few items a score is a count, not a rate to "
+         f"held-out prompt itself (at most {REAL_HUMANEVAL_TOKENS} new tokens): the first piece of the answer "
+         "(fenced block or text around the fences) holding valid Python that defines the entry point, after the "
+         "stub (else the first fenced block as the stub's body), run with the problem's tests in lmforge's "
+         "sandbox. With this few items a score is a count, not a rate to "
          f"compare finely. Items: {exp['tasks']}.") if n_task else "Task scores: not run.",
         "Budget (changed from the first real run, 25 min for five losses, to fit 15 min on 2 cores; the science is "
         "unchanged: same prompts, student, losses, budgets, samples and metrics): (1) only the positions that "
@@ -877,7 +881,9 @@ def _run_real(opts: ReproduceOptions, losses: tuple[str, ...] = COMPARED, **sett
         "its logits on the held-out teacher samples once for all students; (3) the judge reads only the teacher's "
         "log-probs of the student's judged samples (the student's forward there was unused); (4) when no logit is "
         "-inf the losses skip their masking passes (bit-identical values); (5) reverse KL, outside the condition, "
-        f"runs under --full only. Cache: {exp['cache']['hits']} teacher rows looked up, {exp['cache']['misses']} "
+        "runs under --full only. One change to the randomness: each loss now reseeds the global generator before "
+        "its run, so every loss starts from the same LoRA initialisation and dropout stream. "
+        f"Cache: {exp['cache']['hits']} teacher rows looked up, {exp['cache']['misses']} "
         f"computed. Time per part (s): {measured['time (s)']}.",
     ]
     tables = [

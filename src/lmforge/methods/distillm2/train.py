@@ -27,7 +27,8 @@ Performance paths (each gives the loss the plain path gives, up to float roundin
       logits and masks the prompt; the masked positions contribute nothing to the loss or its gradient.
     * :class:`TeacherCache`: the teacher is frozen, so its logits on a (prompt, response) sequence are
       the same in every epoch and for every loss that sees that sequence. The teacher's responses are
-      looked up after their first forward; a cache the caller passes to several runs also keeps the
+      looked up after their first forward (without a caller's cache, only up to ``PRIVATE_CACHE_BYTES``
+      and only when a later epoch reads them); a cache the caller passes to several runs also keeps the
       first epoch's student responses, which repeat across runs that start from the same student with
       the same seed (see ``first_student_responses``).
 """
@@ -37,6 +38,7 @@ from __future__ import annotations
 import copy
 import math
 import random
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +48,11 @@ import torch
 from lmforge.methods.distillm2 import losses as L
 from lmforge.methods.distillm2.config import DistillConfig
 from lmforge.methods.distillm2.data import Pair, build_pairs, sample_responses, with_student
+
+
+#: The most bytes of teacher logits the private cache of a :func:`distill` run without a
+#: ``teacher_cache`` keeps (rows past it are recomputed each epoch, as before the cache existed).
+PRIVATE_CACHE_BYTES = 1 << 30
 
 
 @dataclass
@@ -122,9 +129,11 @@ def response_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.T
     """
     head = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
     handle = None
+    fired = [0]
     if head is not None:
         def gather(_mod: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
             h = args[0]
+            fired[0] += 1
             return (h.gather(1, index.unsqueeze(-1).expand(-1, -1, h.shape[-1])), *args[1:])
 
         handle = head.register_forward_pre_hook(gather)
@@ -133,8 +142,13 @@ def response_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.T
     finally:
         if handle is not None:
             handle.remove()
-    if logits.shape[1] == index.shape[1] and handle is not None:
+    # Whether the hook ran, not whether the widths agree: a head computed without calling the module
+    # gives full (N, T, V) logits, and T can equal R (the teacher cache's sub-batches are cut to their
+    # own width).
+    if fired[0] == 1 and logits.shape[1] == index.shape[1]:
         return logits
+    if fired[0] > 1:  # the head ran more than once: which call gave the logits is unknown, run it plain
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
     return logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
 
 
@@ -145,22 +159,39 @@ class TeacherCache:
     The teacher is frozen (:func:`distill` switches its gradients off and runs it in eval mode), so its
     logits on a sequence do not depend on the epoch or the loss. Entries are (n, V) tensors in the
     dtype the forward gave (bf16 under ``cfg.bf16``), keyed by the token ids and the bf16 flag. One
-    cache serves one teacher: :func:`distill` refuses a cache that saw another teacher. A cached row
-    was computed in its first batch; recomputed in another batch (other padding width) it may differ
-    by float rounding only.
+    cache serves one teacher object (held by a weak reference): :func:`distill` refuses a cache bound
+    to another teacher, or to one that no longer exists; changing the teacher's weights in place
+    between runs is not detected. A cached row was computed in its first batch; recomputed in another
+    batch (other padding width) it may differ by float rounding only. ``max_bytes``: rows that would
+    take the entries past it are not kept (None: no bound).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int | None = None) -> None:
         self.entries: dict[tuple[Any, ...], torch.Tensor] = {}
-        self.teacher: int | None = None
+        self.max_bytes = max_bytes
+        self.nbytes = 0
         self.hits = 0
         self.misses = 0
+        # A weak reference, not id(): an id can be reused by a new teacher once the old one is freed,
+        # and the cache should not keep a teacher alive.
+        self._teacher: weakref.ref[Any] | None = None
 
     def bind(self, teacher: Any) -> None:
-        if self.teacher is None:
-            self.teacher = id(teacher)
-        elif self.teacher != id(teacher):
+        if self._teacher is None:
+            self._teacher = weakref.ref(teacher)
+        elif self._teacher() is not teacher:
             raise ValueError("this TeacherCache holds another teacher's logits")
+
+    def put(self, key: tuple[Any, ...], row: torch.Tensor) -> None:
+        """Keep ``row`` under ``key`` unless that would take the cache past ``max_bytes`` (then the row
+        is recomputed whenever it is needed again: the values are the same, only slower)."""
+        if key in self.entries:
+            return
+        size = row.numel() * row.element_size()
+        if self.max_bytes is not None and self.nbytes + size > self.max_bytes:
+            return
+        self.entries[key] = row
+        self.nbytes += size
 
 
 def _teacher_logits(teacher: Any, batch: dict[str, torch.Tensor], index: torch.Tensor, mask: torch.Tensor,
@@ -181,7 +212,7 @@ def _teacher_logits(teacher: Any, batch: dict[str, torch.Tensor], index: torch.T
         for j, r in enumerate(todo):
             rows[r] = out[j, :int(mask[r].sum())].detach().clone()
             if store[r]:
-                cache.entries[keys[r]] = rows[r]
+                cache.put(keys[r], rows[r])
     first = rows[0]
     assert first is not None
     t = torch.zeros(n, width, first.shape[-1], dtype=first.dtype)
@@ -286,8 +317,10 @@ def distill(
         on_step: called after every optimizer step with the step record and the student (for curves).
         copy_student: deep-copy the student so the caller's model is left untouched.
         teacher_cache: a :class:`TeacherCache` to share teacher logits with other runs on the same
-            teacher (it then also keeps epoch 1's student responses); None: a private one (the
-            teacher's responses are still computed once per run).
+            teacher (it then also keeps epoch 1's student responses; it is not bounded, the caller
+            sizes it); None: a private one, which keeps the teacher's responses' logits only while a
+            later epoch will read them and only up to :data:`PRIVATE_CACHE_BYTES` (the rest is
+            recomputed each epoch).
         first_student_responses: epoch 1's student responses, sampled by the caller: they must be what
             this run would sample, ``sample_responses(student, tokenizer, prompts, seed=cfg.seed + 1000,
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
@@ -314,7 +347,10 @@ def distill(
     if first_student_responses is not None and len(first_student_responses) != len(prompts):
         raise ValueError("first_student_responses and prompts differ in number")
     shared = teacher_cache is not None
-    cache = teacher_cache if teacher_cache is not None else TeacherCache()
+    # NOTE: a private cache is bounded (PRIVATE_CACHE_BYTES): it holds (response tokens x vocabulary)
+    # logits per teacher response, which for a real data set and vocabulary is far beyond memory
+    # (before the cache, `lmforge align distill` held one batch of teacher logits).
+    cache = teacher_cache if teacher_cache is not None else TeacherCache(max_bytes=PRIVATE_CACHE_BYTES)
     cache.bind(teacher)
     student.train()
     params = [p for p in student.parameters() if p.requires_grad]
@@ -344,8 +380,9 @@ def distill(
             index, mask, targets = response_index(batch)
             keys = ([(cfg.bf16, tuple(p.prompt_ids), tuple(p.chosen_ids)) for p in chunk]
                     + [(cfg.bf16, tuple(p.prompt_ids), tuple(p.rejected_ids)) for p in chunk])
-            # Keep the teacher's responses always, epoch 1's student responses for a shared cache.
-            store = [True] * len(chunk) + [shared and epoch == 0] * len(chunk)
+            # Keep the teacher's responses (a private cache: only while a later epoch will read them),
+            # epoch 1's student responses for a shared cache.
+            store = [shared or epoch < cfg.epochs - 1] * len(chunk) + [shared and epoch == 0] * len(chunk)
             t_logits = _teacher_logits(teacher, batch, index, mask, keys, store, cache, cfg.bf16)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
                 s_logits = response_logits(student, batch["input_ids"], batch["attention_mask"], index)
