@@ -63,6 +63,31 @@ def check_protocols(protocols: Sequence[str]) -> list[str]:
     return out
 
 
+# The protocols that hand the local model the whole document (chunking off).
+UNCHUNKED = ("minion", "local-only")
+
+
+def check_unchunked_fit(items: Sequence[DocQA], local: ChatClient | None, protocols: Sequence[str]) -> None:
+    """Refuse, before anything is run or written, a document that MINION or local-only would give whole
+    to a local model whose positions it does not fit (with the client's ``max_tokens`` kept for the
+    reply): such a run would only measure truncation. A client that does not know its context
+    (a served model) is not checked."""
+    unchunked = [p for p in protocols if p in UNCHUNKED]
+    if not unchunked or local is None or not hasattr(local, "context_limit") or not hasattr(local, "count_tokens"):
+        return
+    limit = local.context_limit()
+    if limit is None:
+        return
+    reserve = int(getattr(local, "max_tokens", 0) or 0)
+    for it in items:
+        n = local.count_tokens(it.document)
+        if n + reserve > limit:
+            raise UserError(f"question {it.id}: the document is {n} tokens and the local model has {limit} positions "
+                            f"({reserve} kept for its answer); {' and '.join(unchunked)} "
+                            f"{'give' if len(unchunked) > 1 else 'gives'} it the whole document "
+                            "(no chunking): run only minions and remote-only, or use shorter documents")
+
+
 def _load_results(path: Path, setup: dict[str, Any], overwrite: bool) -> dict[str, Any]:
     import json
 
@@ -91,6 +116,7 @@ def run_bench(items: Sequence[DocQA], local: ChatClient | None, remote: ChatClie
     if not items:
         raise UserError("no questions to run")
     protocols = check_protocols(setup.protocols)
+    check_unchunked_fit(items, local, protocols)
     base = cfg or MinionsConfig()
     setup = replace(setup, protocols=protocols, config={k: v for k, v in asdict(base).items() if k != "protocol"})
     from lmforge.common.io import check_output_folder

@@ -336,13 +336,14 @@ def _as_kept_by_oracle(got: dict[str, Any], key: Key) -> float | None:
 def evaluate_reader(model: Any, tokenizer: Any, n: int = 200, *, seed: int = 0, chunk_chars: int = 800,
                     batch_size: int = 16, max_new_tokens: int = 96,
                     render: Any = None, json_schema: dict[str, Any] | None = None,
-                    constrain: bool = False) -> dict[str, float | None]:
+                    constrain: bool = False, allowed_tokens: Any = None) -> dict[str, float | None]:
     """Greedy decoding on ``n`` held-out jobs with ``chunk_chars``-character chunks (half positive).
 
     ``render`` turns the worker's chat messages into the prompt text (an ``HFChatClient.render``, which
     uses the tokenizer's chat template); None renders them plainly, as for a model without a template
     (the jobs' own ``prompt``). ``constrain`` decodes under ``json_schema`` (None: any JSON object)
-    as :class:`~lmforge.methods.minions.clients.HFChatClient` does for ``json_mode`` calls.
+    as :class:`~lmforge.methods.minions.clients.HFChatClient` does for ``json_mode`` calls;
+    ``allowed_tokens`` (a client's own constraint, e.g. with its parser options) replaces that one.
 
     Returns:
         ``valid_json`` (a JSON object came back); on the jobs whose chunk states the figure:
@@ -364,8 +365,8 @@ def evaluate_reader(model: Any, tokenizer: Any, n: int = 200, *, seed: int = 0, 
         prompts = [render([{"role": "user", "content": minions_worker(j.chunk, task_text(*j.key), ADVICE)}])
                    for j in jobs]
         stop = None
-    allowed = None
-    if constrain:
+    allowed = allowed_tokens
+    if constrain and allowed is None:
         from lmforge.common.generation import json_schema_constraint
 
         allowed = json_schema_constraint(tokenizer, json_schema)

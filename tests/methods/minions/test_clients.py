@@ -522,3 +522,89 @@ def test_json_mode_replies_are_valid_job_outputs_and_equal_naive_constrained_gre
         ref = _naive_constrained_greedy(random_client.model, tok, prompt, allowed, 120)
         got = tok(r.text, add_special_tokens=False).input_ids
         assert tok.decode(ref, skip_special_tokens=True) == r.text, (ref, got)
+
+
+# ------------------------------------------------------------------------ parser options, cache
+
+
+def test_json_parser_options_force_the_key_order(random_client):
+    # With force_json_field_order every reply writes its keys in the schema's required order, whichever
+    # it is (the random model cannot prefer all three orders); max_consecutive_whitespaces bounds the
+    # whitespace between tokens of the JSON's structure.
+    import json
+
+    from lmforge.methods.minions.jobs import JOB_OUTPUT_SCHEMA
+
+    short = {"type": "string", "maxLength": 6}
+    props = {"explanation": short, "citation": {"anyOf": [short, {"type": "null"}]},
+             "answer": {"anyOf": [short, {"type": "null"}]}}
+    for first in ("answer", "citation", "explanation"):
+        required = [first, *[k for k in JOB_OUTPUT_SCHEMA["required"] if k != first]]
+        client = HFChatClient(random_client.model, random_client.tokenizer, max_tokens=120, batch_size=3,
+                              json_schema={**JOB_OUTPUT_SCHEMA, "required": required, "properties": props},
+                              json_parser_options={"force_json_field_order": True, "max_consecutive_whitespaces": 1})
+        for r in client.chat_batch(CONVERSATIONS, json_mode=True):
+            obj = json.loads(r.text)
+            assert r.done_reason == "stop" and list(obj) == required
+    with pytest.raises(UserError, match="json_parser_options"):
+        HFChatClient(random_client.model, random_client.tokenizer, json_parser_options={"nope": 1}).json_constraint()
+
+
+class _Counting:
+    """A greedy stand-in local client that counts the conversations it computes."""
+
+    name = "counting"
+    temperature = 0.0
+    max_tokens = 9
+
+    def __init__(self) -> None:
+        self.computed: list[str] = []
+
+    def chat_batch(self, conversations, *, json_mode=False, max_tokens=None):
+        from lmforge.methods.minions.clients import ChatResponse, Usage
+
+        self.computed += [c[-1]["content"] for c in conversations]
+        return [ChatResponse(f"{c[-1]['content']}|{json_mode}|{max_tokens}", Usage(len(c[-1]["content"]), 3))
+                for c in conversations]
+
+    def context_limit(self) -> int:
+        return 77
+
+
+def test_reply_cache_computes_each_distinct_call_once_and_keeps_its_usage():
+    from lmforge.methods.minions.clients import ReplyCache
+    from lmforge.methods.minions.ledger import CostLedger, LedgeredClient
+
+    inner = _Counting()
+    cache = ReplyCache(inner)
+    conv = lambda t: [{"role": "user", "content": t}]  # noqa: E731
+    first = cache.chat_batch([conv("a"), conv("bb"), conv("a")], json_mode=True)
+    assert [r.text for r in first] == ["a|True|None", "bb|True|None", "a|True|None"]
+    assert inner.computed == ["a", "bb"] and (cache.hits, cache.misses) == (1, 2)
+    ledger = CostLedger()
+    again = LedgeredClient(cache, ledger, "local").chat_batch([conv("bb"), conv("c")], json_mode=True)
+    assert [r.text for r in again] == ["bb|True|None", "c|True|None"] and inner.computed == ["a", "bb", "c"]
+    # A cached reply's tokens are still counted as spent.
+    assert ledger.to_dict()["sides"]["local"]["prompt_tokens"] == len("bb") + len("c")
+    # json_mode and max_tokens are part of the call: a different one is computed.
+    assert cache.chat(conv("a"), max_tokens=4).text == "a|False|4" and inner.computed[-1] == "a"
+    assert cache.context_limit() == 77 and cache.max_tokens == 9 and cache.name == "counting"
+    sampling = _Counting()
+    sampling.temperature = 0.7
+    with pytest.raises(UserError, match="greedy"):
+        ReplyCache(sampling)
+
+
+def test_in_process_specs_include_real_checkpoints():
+    from lmforge.methods.minions.apply import is_local_model
+
+    assert is_local_model("real:smollm2-135m-instruct") and is_local_model("zoo:agent-nano")
+    assert not is_local_model("gpt-4o")
+
+
+def test_from_spec_loads_in_the_dtype_asked():
+    from lmforge.common.runtime import resolve_dtype
+
+    assert HFChatClient.from_spec("zoo:agent-nano").model.dtype == torch.float32  # the loader's default, kept
+    assert HFChatClient.from_spec("zoo:agent-nano", dtype="bfloat16").model.dtype == torch.bfloat16
+    assert HFChatClient.from_spec("zoo:agent-nano", dtype="auto").model.dtype == resolve_dtype("auto")

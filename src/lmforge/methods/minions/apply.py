@@ -68,8 +68,8 @@ class MinionsConfig:
 
 
 def is_local_model(spec: str) -> bool:
-    """``zoo:NAME`` or an existing folder: run in-process."""
-    return spec.startswith("zoo:") or Path(spec).is_dir()
+    """``zoo:NAME``, ``real:NAME`` (a packaged real checkpoint) or an existing folder: run in-process."""
+    return spec.startswith(("zoo:", "real:")) or Path(spec).is_dir()
 
 
 def make_client(spec: str, *, base_url: str | None = None, key_env: str = "OPENAI_API_KEY",

@@ -49,6 +49,7 @@ __all__ = [
     "ChatResponse",
     "HFChatClient",
     "OpenAIChatClient",
+    "ReplyCache",
     "ScriptedClient",
     "StructuredOutputError",
     "Usage",
@@ -210,6 +211,9 @@ class HFChatClient:
         json_schema: the JSON schema of ``json_mode`` replies (MINIONS workers: the JobOutput schema,
             :data:`lmforge.methods.minions.jobs.JOB_OUTPUT_SCHEMA`); None allows any JSON object.
         constrain_json: enforce ``json_mode`` by constrained decoding.
+        json_parser_options: lm-format-enforcer ``CharacterLevelParserConfig`` fields for the
+            constraint (``max_consecutive_whitespaces``, ``force_json_field_order``); None keeps the
+            library's defaults (up to 12 consecutive whitespace characters, any key order).
     """
 
     def __init__(
@@ -224,6 +228,7 @@ class HFChatClient:
         seed: int | None = None,
         json_schema: dict[str, Any] | None = None,
         constrain_json: bool = True,
+        json_parser_options: dict[str, Any] | None = None,
     ) -> None:
         _check_max_tokens(max_tokens)
         if batch_size < 1:
@@ -242,6 +247,7 @@ class HFChatClient:
         self.name = name
         self.json_schema = json_schema
         self.constrain_json = bool(constrain_json)
+        self.json_parser_options = dict(json_parser_options) if json_parser_options else None
         self._enforcer_data: Any = None  # lm-format-enforcer's vocabulary tables, built on first use
         # One generation at a time: callers may share a client between threads.
         self._lock = threading.Lock()
@@ -250,12 +256,15 @@ class HFChatClient:
     def from_spec(cls, spec: str | os.PathLike[str], **kwargs: Any) -> HFChatClient:
         """Load ``spec`` (``zoo:NAME`` or a local model folder) with :func:`lmforge.models.load.load`.
 
-        The client's ``name`` is the spec as given unless ``name=`` is passed; other keyword
-        arguments go to the constructor.
+        The client's ``name`` is the spec as given unless ``name=`` is passed; ``dtype`` goes to the
+        loader (``"auto"``: :func:`lmforge.common.runtime.resolve_dtype`, bfloat16 only on a CPU with
+        native bf16 matmuls); other keyword arguments go to the constructor.
         """
+        from lmforge.common.runtime import resolve_dtype
         from lmforge.models.load import load
 
-        model, tokenizer = load(spec)
+        dtype = kwargs.pop("dtype", "float32")
+        model, tokenizer = load(spec, dtype=resolve_dtype(dtype))
         kwargs.setdefault("name", os.fspath(spec))
         return cls(model, tokenizer, **kwargs)
 
@@ -283,6 +292,30 @@ class HFChatClient:
             return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return render_plain(messages)
 
+    def json_constraint(self) -> Callable[[list[int]], Sequence[int]]:
+        """A fresh ``allowed_tokens`` function for :func:`~lmforge.common.generation.generate` that
+        decodes under ``json_schema`` as ``json_mode`` calls do (with ``json_parser_options``)."""
+        from lmforge.common.generation import enforcer_tokenizer_data, json_schema_constraint
+
+        if self._enforcer_data is None:
+            self._enforcer_data = enforcer_tokenizer_data(self.tokenizer)
+        if not self.json_parser_options:
+            return json_schema_constraint(self.tokenizer, self.json_schema, self._enforcer_data)
+        import dataclasses
+
+        from lmformatenforcer import CharacterLevelParserConfig, JsonSchemaParser, TokenEnforcer
+
+        fields = {f.name for f in dataclasses.fields(CharacterLevelParserConfig)} - {"alphabet"}
+        unknown = sorted(set(self.json_parser_options) - fields)  # type: ignore[arg-type]
+        if unknown:
+            raise UserError(f"unknown json_parser_options {', '.join(unknown)}; use {', '.join(sorted(fields))}")
+        parser = JsonSchemaParser(self.json_schema)
+        enforcer = TokenEnforcer(self._enforcer_data, parser)
+        # NOTE: TokenEnforcer replaces the parser's config with one holding the tokenizer's alphabet
+        # (lm-format-enforcer 0.11), so the options are applied after it, on that config.
+        parser.config = dataclasses.replace(parser.config, **self.json_parser_options)  # type: ignore[arg-type]
+        return lambda seq: enforcer.get_allowed_tokens(seq).allowed_tokens
+
     def chat(
         self, messages: list[dict[str, str]], *, json_mode: bool = False, max_tokens: int | None = None
     ) -> ChatResponse:
@@ -295,7 +328,7 @@ class HFChatClient:
         json_mode: bool = False,
         max_tokens: int | None = None,
     ) -> list[ChatResponse]:
-        from lmforge.common.generation import enforcer_tokenizer_data, generate, json_schema_constraint
+        from lmforge.common.generation import generate
 
         _check_max_tokens(max_tokens)
         prompts = [self.render(c) for c in conversations]
@@ -305,9 +338,7 @@ class HFChatClient:
         with self._lock:
             allowed = None
             if json_mode and self.constrain_json:
-                if self._enforcer_data is None:
-                    self._enforcer_data = enforcer_tokenizer_data(self.tokenizer)
-                allowed = json_schema_constraint(self.tokenizer, self.json_schema, self._enforcer_data)
+                allowed = self.json_constraint()
             outputs = generate(
                 self.model,
                 self.tokenizer,
@@ -598,6 +629,74 @@ class OpenAIChatClient:
             return [self.chat(conversations[0], json_mode=json_mode, max_tokens=max_tokens)]
         with ThreadPoolExecutor(max_workers=min(self.workers, len(conversations))) as pool:
             return list(pool.map(lambda c: self.chat(c, json_mode=json_mode, max_tokens=max_tokens), conversations))
+
+
+# ------------------------------------------------------------------------------------ reply cache
+
+
+class ReplyCache:
+    """A greedy local client that answers a conversation it has answered before from memory.
+
+    MINIONS sends the same job again when a round ends without the figures: the remote's code for
+    the next round asks the missing figures of the same chunks with the same task and advice. Under
+    greedy decoding the local model's reply to an identical prompt is the same (up to the batch's
+    padding, which changes bf16 rounding at most), so recomputing it only costs time. The cached
+    :class:`ChatResponse` is returned as it was, with its usage: a ledger still counts the tokens as
+    spent, as the protocol would spend them. ``hits`` / ``misses`` count calls.
+
+    Every other attribute (``context_limit``, ``count_tokens``, ``max_tokens``, ``render``, ``model``)
+    is the wrapped client's.
+
+    Raises:
+        UserError: the client samples (``temperature > 0``): its replies are not a function of the prompt.
+    """
+
+    def __init__(self, client: ChatClient) -> None:
+        if float(getattr(client, "temperature", 0.0) or 0.0) > 0:
+            raise UserError("a reply cache needs greedy decoding (temperature 0)")
+        self.client = client
+        self.name = client.name
+        self._cache: dict[str, ChatResponse] = {}
+        self.hits = 0
+        self.misses = 0
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["client"], name)
+
+    def __repr__(self) -> str:
+        return f"ReplyCache({self.client!r}, hits={self.hits}, misses={self.misses})"
+
+    @staticmethod
+    def _key(messages: Messages, json_mode: bool, max_tokens: int | None) -> str:
+        import json
+
+        return json.dumps([messages, bool(json_mode), max_tokens], sort_keys=True)
+
+    def chat(
+        self, messages: list[dict[str, str]], *, json_mode: bool = False, max_tokens: int | None = None
+    ) -> ChatResponse:
+        return self.chat_batch([messages], json_mode=json_mode, max_tokens=max_tokens)[0]
+
+    def chat_batch(
+        self,
+        conversations: list[list[dict[str, str]]],
+        *,
+        json_mode: bool = False,
+        max_tokens: int | None = None,
+    ) -> list[ChatResponse]:
+        keys = [self._key(_check_messages(c), json_mode, max_tokens) for c in conversations]
+        with self._lock:
+            todo: dict[str, list[dict[str, str]]] = {}
+            for k, c in zip(keys, conversations):
+                if k not in self._cache and k not in todo:
+                    todo[k] = c
+            if todo:
+                fresh = self.client.chat_batch(list(todo.values()), json_mode=json_mode, max_tokens=max_tokens)
+                self._cache.update(zip(todo, fresh))
+            self.misses += len(todo)
+            self.hits += len(keys) - len(todo)
+            return [copy.copy(self._cache[k]) for k in keys]
 
 
 # ----------------------------------------------------------------------------------------- scripted
