@@ -190,9 +190,10 @@ def generate_cmd(
     system: Annotated[str | None, typer.Option(help="A system message (implies --chat).")] = None,
     dtype: DtypeOpt = "auto",
     kernel: Annotated[str, typer.Option(
-        help="Uniform 4-bit layers of an lmforge-quantized model: auto (PyTorch's CPU int4 kernel for "
-        "bf16/fp16 inference, the exact dequantize path for fp32), int4 (the kernel always, computing in "
-        "bf16) or dequant.")] = "auto",
+        help="Packed layers of an lmforge-quantized model: auto (lmforge's compiled CPU kernel where it runs "
+        "the layer, PyTorch's int4 kernel for bf16/fp16 prompts of uniform 4-bit layers; PyTorch paths, with "
+        "one warning, where no C compiler is found), native (the compiled kernel), int4 (PyTorch's CPU int4 "
+        "kernel for uniform 4-bit layers, computing in bf16) or dequant (PyTorch dequantize-then-matmul).")] = "auto",
     threads: ThreadsOpt = None,
     allow_pickle: PickleOpt = False,
     trust_remote_code: RemoteOpt = False,

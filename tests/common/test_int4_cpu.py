@@ -34,6 +34,8 @@ def test_float32_kernel_equals_the_dequantized_reference(shape, group) -> None:
 
 
 def test_module_paths_agree(monkeypatch) -> None:
+    from lmforge.common import lut_kernel
+
     calls = []
     real = int4_cpu.int4_matmul
     monkeypatch.setattr(int4_cpu, "int4_matmul", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -42,27 +44,32 @@ def test_module_paths_agree(monkeypatch) -> None:
     mods = {k: UniformQuantLinear.from_quantized(q, bias, kernel=k) for k in ("auto", "int4", "dequant")}
     w = q.dequantize()
     ref = F.linear(x, w, bias)
-    # float32 input: auto is the exact dequantize path; int4 computes with bfloat16 activations.
+    # float32 input: auto is exact to the dequantized weight (compiled kernel or dequantize path);
+    # int4 computes with bfloat16 activations.
     torch.testing.assert_close(mods["auto"](x), ref, rtol=1e-5, atol=1e-5)
     assert not calls and mods["auto"].int4_reason() is None
     ref_bf16_x = F.linear(x.bfloat16().float(), w, bias)
     torch.testing.assert_close(mods["int4"](x), ref_bf16_x, rtol=1e-2, atol=1e-2)
     assert mods["int4"](x).dtype == torch.float32 and len(calls) == 2
-    # bfloat16 input: auto takes the kernel (its scales and zeros in bfloat16, as the kernel needs).
-    xb = x.bfloat16()
+    # bfloat16 input of many tokens: auto takes the int4 kernel (its scales and zeros in bfloat16, as the
+    # kernel needs); of a few tokens, the compiled GEMV where there is one (faster on small layers).
+    xb = torch.randn(lut_kernel.GEMV_MAX_TOKENS + 3, 128).bfloat16()
     yb = mods["auto"](xb)
     assert len(calls) == 3
     assert yb.dtype == torch.bfloat16
     torch.testing.assert_close(yb.float(), F.linear(xb.float(), w, bias), rtol=1e-2, atol=1e-2)
+    mods["auto"](xb[:2])
+    assert len(calls) == (3 if lut_kernel.available() else 4)
+    n = len(calls)
     # The packed weight follows in-place edits of the codes (no stale cache).
     with torch.no_grad():
         mods["auto"].scales.mul_(2.0)
     torch.testing.assert_close(mods["auto"](xb).float(), F.linear(xb.float(), 2 * w, bias), rtol=2e-2, atol=2e-2)
-    assert len(calls) == 4
+    assert len(calls) == n + 1
     # A module asked to cache its dense weight keeps doing so under auto (what ACBench's _dense_cache relies on).
     cached = UniformQuantLinear.from_quantized(q, bias, cache_weight=True)
     cached(xb)
-    assert len(calls) == 4
+    assert len(calls) == n + 1
 
 
 @pytest.mark.parametrize(

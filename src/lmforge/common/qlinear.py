@@ -22,6 +22,14 @@ one block's float weight exists at a time, so a forward never materialises the w
 ``cache_weight=True``. A uniform 4-bit layer that runs PyTorch's int4 kernel keeps a second copy of its
 codes in the kernel's layout (as many bytes as ``qweight``), made on its first such forward.
 
+On the CPU both layers run by default (``kernel="auto"``) through lmforge's compiled kernel
+(:mod:`lmforge.common.lut_kernel`, C built at first use with the system compiler): a GEMV straight from
+the packed codes for a few tokens (the decode step), float32 blocks dequantized in C and ``F.linear``
+for more. It reads ``qweight`` in place (no repacked copy); its extra memory is a codebook layer's
+table repeated to 16 entries per row (2^(4-bits) times the codebook), the outliers' deltas and, for
+uniform groups that do not tile 16-word chunks, a group index per word (``NativeLayer.extra_bytes``).
+Without a compiler the PyTorch paths run, with one warning per process.
+
 Checked for reuse: compressed-tensors' ``CompressedLinear`` decompresses the whole weight on every
 forward and has no per-row-codebook format; transformers' quantizers (GPTQ/AWQ via gptqmodel, HQQ,
 compressed-tensors) need their own packing layouts and, for GPTQ/AWQ, compiled kernels. These are
@@ -40,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmforge.common import int4_cpu
+from lmforge.common import int4_cpu, lut_kernel
 from lmforge.common.calibration import is_conv1d as _is_conv1d
 from lmforge.common.errors import UserError
 from lmforge.common.int4_cpu import Int4Packed
@@ -53,6 +61,7 @@ from lmforge.common.quant import (
 )
 
 __all__ = [
+    "CODEBOOK_KERNELS",
     "KERNELS",
     "CodebookQuantLinear",
     "UniformQuantLinear",
@@ -64,6 +73,10 @@ __all__ = [
     "swap_linear",
     "weight_bytes",
 ]
+
+# Attributes that hold a quantized layer's weight (reassigning one drops the compiled kernel's view).
+_WEIGHT_NAMES = frozenset({"qweight", "scales", "zeros", "g_idx", "codebook", "outlier_rows", "outlier_cols",
+                           "outlier_vals", "bias"})
 
 # A block of output rows holds about this many weights (2 MiB of float32): large enough for an
 # efficient matmul, small enough that the unpacked codes and the dequantized block stay in cache.
@@ -346,27 +359,43 @@ def lut_matmul(
 # --------------------------------------------------------------------------------------------------
 # Modules
 
-# Forward paths of UniformQuantLinear (see its docstring).
-KERNELS = ("auto", "int4", "dequant")
+# Forward paths of the quantized layers (see their docstrings). "native" is lmforge's compiled CPU
+# kernel (lmforge.common.lut_kernel), "int4" PyTorch's CPU int4 kernel (uniform 4-bit only), "dequant"
+# the PyTorch dequantize-a-block-then-matmul path (for codebook layers: their ``method``).
+KERNELS = ("auto", "int4", "dequant", "native")
+CODEBOOK_KERNELS = ("auto", "native", "dequant")
 
 
 def check_kernel(kernel: str) -> None:
-    """A UserError (one line) for a kernel name that is unknown or that this torch build lacks."""
+    """A UserError (one line) for a kernel name that is unknown or that this build lacks.
+
+    ``native`` compiles (or loads the cached) compiled kernel here, so a missing compiler is reported
+    before any model loads.
+    """
     if kernel not in KERNELS:
         raise UserError(f"--kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
     if kernel == "int4" and not int4_cpu.available():
         raise UserError(f"--kernel int4: torch {torch.__version__} has no CPU int4 matmul "
                         "(aten._weight_int4pack_mm_for_cpu); use --kernel auto or dequant")
+    if kernel == "native" and not lut_kernel.available():
+        raise UserError(f"--kernel native: lmforge's compiled kernel is unavailable "
+                        f"({lut_kernel.unavailable_reason()}); use --kernel auto or dequant")
 
 
 def set_kernel(model: nn.Module, kernel: str) -> int:
-    """Set the forward path of every :class:`UniformQuantLinear` in ``model`` (after
-    :func:`check_kernel`); returns how many modules were set."""
+    """Set the forward path of every quantized layer in ``model`` (after :func:`check_kernel`);
+    returns how many modules were set.
+
+    Codebook layers have no int4 kernel: ``"int4"`` sets them to ``"auto"``.
+    """
     check_kernel(kernel)
     n = 0
     for mod in model.modules():
         if isinstance(mod, UniformQuantLinear):
             mod.kernel = kernel
+            n += 1
+        elif isinstance(mod, CodebookQuantLinear):
+            mod.kernel = "auto" if kernel == "int4" else kernel
             n += 1
     return n
 
@@ -418,6 +447,102 @@ class _QuantLinearBase(nn.Module, abc.ABC):
         """Drop the cached dequantized weight (only used with ``cache_weight=True``)."""
         self._cache = None
 
+    def __getstate__(self) -> dict:
+        # The compiled kernel's view holds raw pointers (ctypes): never pickled or deep-copied.
+        state = self.__dict__.copy()
+        state["_native"] = None
+        return state
+
+    def __setattr__(self, name: str, value) -> None:
+        # A reassigned buffer or bias (module.qweight = t) drops the compiled view of the old ones.
+        if self.__dict__.get("_native") is not None and name in _WEIGHT_NAMES:
+            self.__dict__["_native"] = None
+        super().__setattr__(name, value)
+
+    def _apply(self, *args, **kwargs):
+        # .to() / .float() / .cpu() replace the buffers without __setattr__.
+        self.__dict__["_native"] = None
+        return super()._apply(*args, **kwargs)
+
+    # -- the compiled kernel (lmforge.common.lut_kernel) ------------------------------------------
+    # self._native is None or (versions, NativeLayer, tensors): the compiled view of ``tensors`` (the
+    # weight buffers and the bias) as they were at ``versions`` (Tensor._version counts in-place
+    # writes, e.g. load_state_dict); a reassigned or moved buffer clears it (above).
+
+    @abc.abstractmethod
+    def _native_unsupported(self) -> str | None:
+        """Why the compiled kernel cannot run this layer (shape/format/device), or None."""
+
+    @abc.abstractmethod
+    def _build_native(self) -> lut_kernel.NativeLayer | None:
+        """The compiled view of the current buffers (None when the library is unavailable)."""
+
+    def native_reason(self) -> str | None:
+        """Why this layer cannot use the compiled kernel, or None when it can."""
+        reason = self._native_unsupported()
+        if reason is None and not lut_kernel.available():
+            reason = f"lmforge's compiled kernel is unavailable: {lut_kernel.unavailable_reason()}"
+        return reason
+
+    def _native_tensors(self) -> tuple[torch.Tensor, ...]:
+        return (*self._weight_tensors(), *(() if self.bias is None else (self.bias,)))
+
+    def _native_layer(self, x: torch.Tensor, kernel: str) -> lut_kernel.NativeLayer | None:
+        """The compiled view to run ``x`` through, or None for the PyTorch path (``kernel`` is auto or
+        native; an explicit native request that cannot run warns once)."""
+        if x.requires_grad and torch.is_grad_enabled():
+            return None  # the compiled kernel has no backward
+        st = self.__dict__.get("_native")
+        if st is not None and [t._version for t in st[2]] == st[0]:
+            return st[1]
+        reason = self._native_unsupported() or (None if x.is_cpu else "the input is not on the CPU")
+        if reason is not None:
+            if kernel == "native" and not self.__dict__.get("_native_warned", False):
+                warnings.warn(f"native kernel unavailable for a {self.out_features}x{self.in_features} layer, using "
+                              f"the PyTorch path: {reason}", stacklevel=4)
+                self._native_warned = True
+            return None
+        nat = self._build_native()
+        if nat is None:
+            lut_kernel.warn_fallback_once()
+            return None
+        tensors = self._native_tensors()
+        self.__dict__["_native"] = ([t._version for t in tensors], nat, tensors)
+        return nat
+
+    def _native_gemv_fast(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The compiled GEMV for a few CPU tokens when the compiled view is current, else None (the
+        decode hot path: no module attribute lookups beyond ``__dict__``)."""
+        st = self.__dict__.get("_native")
+        if (
+            st is None
+            or not x.is_cpu
+            or (x.requires_grad and torch.is_grad_enabled())
+            or x.shape[-1] != self.in_features
+            or x.numel() > lut_kernel.GEMV_MAX_TOKENS * self.in_features
+            or [t._version for t in st[2]] != st[0]
+        ):
+            return None
+        return st[1].run(x)
+
+    def _native_forward(self, nat: lut_kernel.NativeLayer, x: torch.Tensor) -> torch.Tensor:
+        """``x W^T + b`` through the compiled kernel: its GEMV for a few tokens, else float32 weight
+        blocks dequantized in C (bit for bit the PyTorch dequantize) multiplied with ``F.linear``."""
+        x2, lead = _flatten_input(x, self.in_features)
+        if x2.shape[0] <= lut_kernel.GEMV_MAX_TOKENS:
+            return nat.run(x)
+        rows = _block_rows(self.in_features, self.out_features, getattr(self, "block_rows", None))
+        buf = lut_kernel.scratch(min(rows, self.out_features) * self.in_features)
+        y = _blocked(self.out_features, rows,
+                     lambda r0, r1: F.linear(x2, nat.dequant(r0, r1, out=buf).to(x2.dtype)))
+        y = self._sparse_correction(y, x2)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*lead, self.out_features)
+
+    def _sparse_correction(self, y: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+        return y
+
 
 class UniformQuantLinear(_QuantLinearBase):
     """``y = x W^T + b`` with ``W = scales * (codes - zeros)`` per (row, group), codes packed in int32.
@@ -438,11 +563,23 @@ class UniformQuantLinear(_QuantLinearBase):
             the dense layer); off by default.
         block_rows: output rows dequantized at a time (None: automatic).
         device: where to create the buffers.
-        kernel: ``"auto"`` (PyTorch's CPU int4 kernel, :mod:`lmforge.common.int4_cpu`, for bfloat16 and
-            float16 inputs where the layer fits it and ``cache_weight`` is off; float32 inputs take the
-            exact dequantize path; a layer that does not fit takes it silently),
-            ``"int4"`` (the kernel for every input, computing in bfloat16: fast, with bfloat16-rounded
-            activations; a layer that does not fit warns once and falls back) or ``"dequant"``.
+        kernel: ``"auto"``, ``"native"``, ``"int4"`` or ``"dequant"``.
+
+            * ``"native"``: lmforge's compiled kernel (:mod:`lmforge.common.lut_kernel`): for up to
+              ``GEMV_MAX_TOKENS`` tokens a GEMV straight from the packed codes in float32 (equal to the
+              dequantized reference up to summation order), for more tokens float32 weight blocks
+              dequantized in C (bit for bit the PyTorch dequantize) and ``F.linear``. 1..4-bit codes,
+              groups that hold whole code words, no act-order, CPU; a layer it cannot run warns once
+              and takes the dequantize path.
+            * ``"int4"``: PyTorch's CPU int4 kernel (:mod:`lmforge.common.int4_cpu`) for every input,
+              computing in bfloat16 (fast, with bfloat16-rounded activations); a layer that does not
+              fit warns once and falls back.
+            * ``"dequant"``: PyTorch only, dequantize a block of rows then ``F.linear``.
+            * ``"auto"`` (default): with ``cache_weight`` the cached dense weight; otherwise native
+              where the layer fits it and the library is available, except that bfloat16/float16
+              inputs of more than ``GEMV_MAX_TOKENS`` tokens take the int4 kernel where it fits
+              (its GEMM beats dequantize-then-matmul). No library (no compiler): the previous rule
+              (int4 for bfloat16/float16, dequant for float32) with one warning per process.
     """
 
     def __init__(
@@ -465,6 +602,8 @@ class UniformQuantLinear(_QuantLinearBase):
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
         self.kernel = kernel
+        self._native: tuple[list, lut_kernel.NativeLayer, tuple] | None = None
+        self._native_warned = False
         self._int4: tuple[tuple, Int4Packed] | None = None
         self._int4_reason: tuple[torch.device, str | None] | None = None
         self._int4_warned = False
@@ -581,22 +720,44 @@ class UniformQuantLinear(_QuantLinearBase):
             self._int4 = (key, int4_cpu.pack_int4(codes, s, z, self.group_size))
         return self._int4[1]
 
-    def _use_int4(self, x: torch.Tensor) -> bool:
-        kernel = getattr(self, "kernel", "auto")  # a module pickled before the kernel existed
-        if kernel == "dequant" or (kernel == "auto" and (self.cache_weight or x.dtype not in (torch.bfloat16, torch.float16))):
+    def _native_unsupported(self) -> str | None:
+        return lut_kernel.unsupported_reason("uniform", self.bits, self.group_size, self.g_idx is not None,
+                                             self.qweight.device)
+
+    def _build_native(self) -> lut_kernel.NativeLayer | None:
+        return lut_kernel.uniform_layer(self.qweight, self.scales, self.zeros, self.in_features, self.bits,
+                                        self.group_size, self.bias)
+
+    def _use_int4(self, x: torch.Tensor, kernel: str) -> bool:
+        if kernel == "auto":
             # auto leaves a module that caches its dense weight on that weight (what was asked for).
+            return not self.cache_weight and x.dtype in (torch.bfloat16, torch.float16) and self.int4_reason() is None
+        if kernel != "int4":
             return False
         reason = self.int4_reason()
         if reason is None:
             return True
-        if kernel == "int4" and not self._int4_warned:
+        if not self._int4_warned:
             warnings.warn(f"int4 kernel unavailable for a {self.out_features}x{self.in_features} layer, using the "
                           f"dequantize path: {reason}", stacklevel=3)
             self._int4_warned = True
         return False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._use_int4(x):
+        kernel = getattr(self, "kernel", "auto")  # a module pickled before the kernel existed
+        if kernel == "native" or (kernel == "auto" and not self.cache_weight):
+            y = self._native_gemv_fast(x)
+            if y is not None:
+                return y
+            nat = self._native_layer(x, kernel)
+            if nat is not None and (
+                kernel == "native"
+                or x.dtype == torch.float32
+                or x.numel() <= lut_kernel.GEMV_MAX_TOKENS * self.in_features
+                or self.int4_reason() is not None
+            ):
+                return self._native_forward(nat, x)
+        if self._use_int4(x, kernel):
             compute = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
             y = int4_cpu.int4_matmul(x, self._int4_packed(), compute)
             return y if self.bias is None else y + self.bias.to(y.dtype)
@@ -637,10 +798,18 @@ class CodebookQuantLinear(_QuantLinearBase):
         n_outliers: number of stored outliers (0 for none).
         bias: whether the layer has a bias.
         dtype: the bias dtype.
-        method: the :func:`lut_matmul` method used by forward.
+        method: the :func:`lut_matmul` method of the PyTorch path.
         cache_weight: keep the dequantized weight between forwards; off by default.
         block_rows: output rows per block (None: automatic).
         device: where to create the buffers.
+        kernel: ``"auto"`` (default: with ``cache_weight`` the cached dense weight, otherwise the
+            compiled kernel where it runs the layer, else the PyTorch path; no library (no compiler)
+            warns once per process), ``"native"`` (lmforge's compiled kernel,
+            :mod:`lmforge.common.lut_kernel`: a LUT GEMV straight from the packed codes for up to
+            ``GEMV_MAX_TOKENS`` tokens, equal to the dequantized reference up to float summation
+            order, outliers and bias included; more tokens dequantize float32 blocks in C, bit for bit
+            :meth:`dequantize_weight`, then ``F.linear``; 1..4-bit codes on the CPU, a layer it cannot
+            run warns once and takes the PyTorch path) or ``"dequant"`` (the PyTorch path, ``method``).
     """
 
     def __init__(
@@ -656,9 +825,15 @@ class CodebookQuantLinear(_QuantLinearBase):
         cache_weight: bool = False,
         block_rows: int | None = None,
         device: torch.device | str | None = None,
+        kernel: str = "auto",
     ) -> None:
         super().__init__(in_features, out_features, bits, cache_weight)
         _check_method(method)
+        if kernel not in CODEBOOK_KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(CODEBOOK_KERNELS)}, got {kernel!r}")
+        self.kernel = kernel
+        self._native: tuple[list, lut_kernel.NativeLayer, tuple] | None = None
+        self._native_warned = False
         self.method = method
         self.block_rows = block_rows
         n_words = math.ceil(in_features / codes_per_word(bits))
@@ -683,6 +858,7 @@ class CodebookQuantLinear(_QuantLinearBase):
         method: str = "auto",
         cache_weight: bool = False,
         block_rows: int | None = None,
+        kernel: str = "auto",
     ) -> CodebookQuantLinear:
         """Pack ``q`` into a new module (see :meth:`UniformQuantLinear.from_quantized`)."""
         out_f, in_f = q.shape
@@ -703,6 +879,7 @@ class CodebookQuantLinear(_QuantLinearBase):
             cache_weight=cache_weight,
             block_rows=block_rows,
             device=q.codes.device,
+            kernel=kernel,
         )
         with torch.no_grad():
             m.qweight.copy_(pack_codes(q.codes, q.bits))
@@ -751,7 +928,31 @@ class CodebookQuantLinear(_QuantLinearBase):
             w[self.outlier_rows.long(), self.outlier_cols.long()] = self.outlier_vals.to(torch.float32)
         return w
 
+    def _native_unsupported(self) -> str | None:
+        return lut_kernel.unsupported_reason("codebook", self.bits, device=self.qweight.device)
+
+    def _build_native(self) -> lut_kernel.NativeLayer | None:
+        outliers = None
+        if self.n_outliers:
+            rows, cols, vals, at = self._outliers()
+            # The same delta as _outlier_correction: the outlier replaces the codebook value.
+            delta = vals.to(torch.float32) - self.codebook.to(torch.float32)[rows.long(), at]
+            outliers = (rows, cols, delta)
+        return lut_kernel.codebook_layer(self.qweight, self.codebook, self.in_features, self.bits, self.bias, outliers)
+
+    def _sparse_correction(self, y: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+        outliers = self._outliers()
+        return y if outliers is None else _outlier_correction(y, x2, self.codebook, *outliers)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kernel = getattr(self, "kernel", "auto")  # a module pickled before the kernel existed
+        if kernel == "native" or (kernel == "auto" and not self.cache_weight):
+            y = self._native_gemv_fast(x)
+            if y is not None:
+                return y
+            nat = self._native_layer(x, kernel)
+            if nat is not None:
+                return self._native_forward(nat, x)
         if self.cache_weight:
             bias = None if self.bias is None else self.bias.to(x.dtype)
             return F.linear(x, self._cached_weight(x.dtype, x.device), bias)
@@ -769,7 +970,8 @@ class CodebookQuantLinear(_QuantLinearBase):
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
-            f"n_outliers={self.n_outliers}, bias={self.bias is not None}, method={self.method}"
+            f"n_outliers={self.n_outliers}, bias={self.bias is not None}, method={self.method}, "
+            f"kernel={getattr(self, 'kernel', 'auto')}"
         )
 
 
