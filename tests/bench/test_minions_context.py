@@ -46,8 +46,9 @@ def test_a_document_past_the_context_is_refused_with_nothing_written(tmp_path: P
     msg = str(err.value)
     assert "\n" not in msg and "q1" in msg and "93 tokens" in msg and "100 positions" in msg and protocol in msg
     assert not out.exists() and local.calls == []
-    # 92 + 8 = 100 fits exactly; chunked protocols never give the whole document, so they are not checked.
-    check_unchunked_fit([_item(0, 92)], local, [protocol])
+    # A short one fits (the exact boundary, prompt included: below); chunked protocols never give the
+    # whole document, so they are not checked.
+    check_unchunked_fit([_item(0, 50)], local, [protocol])
     check_unchunked_fit(items, local, ["minions", "remote-only"])
     # A served model (no known context) is not checked.
     check_unchunked_fit(items, ScriptedClient(["x"]), [protocol])
@@ -69,3 +70,61 @@ def test_bench_cli_refuses_an_unchunked_run_on_documents_past_the_context(monkey
         assert not out.exists() and remote.requests == []
     finally:
         remote.close()
+
+
+# ------------------------------------------------------------------- the whole first prompt counts
+
+
+def _first_local_prompt(protocol: str, item: DocQA) -> list[dict[str, str]]:
+    """What the protocol first sends the local model, as the protocol itself builds it: run it with a
+    local model of unlimited context and read the recorded call."""
+    from lmforge.methods.minions.apply import MinionsConfig, run_protocol
+
+    local = _Local(limit=10**9, max_tokens=8)
+    run_protocol(local, oracle_client(), item.document, item.question, MinionsConfig(protocol=protocol))
+    return local.calls[0]
+
+
+@pytest.mark.parametrize("protocol", ["minion", "local-only"])
+def test_the_check_counts_the_prompt_around_the_document(protocol: str) -> None:
+    # The document alone fits with room for the answer (92 + 8 = 100), but the protocol's prompt wraps
+    # it in instructions and the question: the model would be fed more than its 100 positions.
+    item = _item(0, 92)
+    with pytest.raises(UserError, match="100 positions"):
+        check_unchunked_fit([item], _Local(limit=100, max_tokens=8), [protocol])
+    # The boundary is the prompt the protocol really sends first (for MINION: its worker system
+    # message, which holds the document; the remote's first message comes after and is not known yet).
+    first = _first_local_prompt(protocol, item)
+    sent = first if protocol == "local-only" else [m for m in first if m["role"] == "system"]
+    n = sum(count_tokens(m["content"]) for m in sent)
+    assert n > 92 + 5
+    check_unchunked_fit([item], _Local(limit=n + 8, max_tokens=8), [protocol])
+    with pytest.raises(UserError, match=f"{n} tokens"):
+        check_unchunked_fit([item], _Local(limit=n + 7, max_tokens=8), [protocol])
+
+
+def test_the_check_counts_tokens_as_the_in_process_model_reads_them(nano) -> None:
+    # HFChatClient: the rendered prompt (chat template or plain rendering, BOS) as generate() encodes
+    # it, i.e. the prompt_tokens its own usage reports for that call.
+    from lmforge.methods.minions.clients import HFChatClient
+
+    model, tokenizer = nano
+
+    class _Sized(HFChatClient):
+        limit = 10**9
+
+        def context_limit(self) -> int:
+            return self.limit
+
+    client = _Sized(model, tokenizer, max_tokens=1, name="nano")
+    item = DocQA(id="q0", document="Revenue of the Pumps division was 41.5 million dollars in 2023. " * 5,
+                 question="What was the revenue of Pumps in 2023?", answer="41.5", kind="numeric")
+    reply = client.chat(_first_local_prompt("local-only", item))
+    n = reply.usage.prompt_tokens
+    assert n > client.count_tokens(item.document)
+    client.max_tokens = 8
+    client.limit = n + 8
+    check_unchunked_fit([item], client, ["local-only"])
+    client.limit = n + 7
+    with pytest.raises(UserError, match=f"{n} tokens"):
+        check_unchunked_fit([item], client, ["local-only"])

@@ -104,4 +104,7 @@ def test_minions_reproduction_quick(tmp_path: Path, reader: str) -> None:
     # The verdict is the stated condition on the measured MINIONS ratios.
     assert res.held == repro.claim_holds(m["minions_token_reduction"], m["minions_quality_recovered"])
     assert any("GPT-4o" in n and "scripted" in n for n in res.notes)
+    # The notes quote this run's correct-reader MINIONS cost (not a number measured once, elsewhere).
+    ceiling = long["minions, scripted correct reader"][4]
+    assert any(f"MINIONS spent {ceiling:,} remote tokens" in n for n in res.notes)
     assert res.figures and all(Path(f.path).stat().st_size > 1000 for f in res.figures)

@@ -67,11 +67,39 @@ def check_protocols(protocols: Sequence[str]) -> list[str]:
 UNCHUNKED = ("minion", "local-only")
 
 
+def first_local_prompt(protocol: str, document: str, question: str) -> list[dict[str, str]]:
+    """What MINION or local-only first hands the local model, built as the protocol builds it: for
+    local-only its one call; for MINION the worker's system message, which holds the whole document
+    (the remote's first message follows it, so the real prompt is a little longer)."""
+    if protocol == "local-only":
+        from lmforge.methods.minions.apply import _direct_prompt
+
+        return _direct_prompt(document, question)
+    if protocol == "minion":
+        from lmforge.methods.minions import prompts
+
+        return [{"role": "system", "content": prompts.minion_worker_system(document, question)}]
+    raise ValueError(f"{protocol} chunks the document; it has no whole-document prompt")
+
+
+def prompt_tokens(local: Any, messages: list[dict[str, str]]) -> int:
+    """Tokens of ``messages`` as ``local`` reads them: an in-process model's rendered prompt (chat
+    template or plain rendering, BOS included) encoded as :func:`lmforge.common.generation.generate`
+    encodes it; else the sum of ``local.count_tokens`` over the messages' contents."""
+    if hasattr(local, "render") and hasattr(local, "tokenizer"):
+        from lmforge.common.generation import encode_prompt
+
+        return len(encode_prompt(local.tokenizer, local.render(messages)))
+    return sum(int(local.count_tokens(m["content"])) for m in messages)
+
+
 def check_unchunked_fit(items: Sequence[DocQA], local: ChatClient | None, protocols: Sequence[str]) -> None:
     """Refuse, before anything is run or written, a document that MINION or local-only would give whole
     to a local model whose positions it does not fit (with the client's ``max_tokens`` kept for the
-    reply): such a run would only measure truncation. A client that does not know its context
-    (a served model) is not checked."""
+    reply): such a run would only measure truncation. What is counted is the protocol's first local
+    prompt (:func:`first_local_prompt`: the document with its instructions, the question and the chat
+    template), not the document alone. A client that does not know its context (a served model) is
+    not checked."""
     unchunked = [p for p in protocols if p in UNCHUNKED]
     if not unchunked or local is None or not hasattr(local, "context_limit") or not hasattr(local, "count_tokens"):
         return
@@ -80,12 +108,14 @@ def check_unchunked_fit(items: Sequence[DocQA], local: ChatClient | None, protoc
         return
     reserve = int(getattr(local, "max_tokens", 0) or 0)
     for it in items:
-        n = local.count_tokens(it.document)
-        if n + reserve > limit:
-            raise UserError(f"question {it.id}: the document is {n} tokens and the local model has {limit} positions "
-                            f"({reserve} kept for its answer); {' and '.join(unchunked)} "
-                            f"{'give' if len(unchunked) > 1 else 'gives'} it the whole document "
-                            "(no chunking): run only minions and remote-only, or use shorter documents")
+        for p in unchunked:
+            n = prompt_tokens(local, first_local_prompt(p, it.document, it.question))
+            if n + reserve > limit:
+                doc = local.count_tokens(it.document)
+                raise UserError(f"question {it.id}: {p} gives the local model the whole document (no chunking), a "
+                                f"prompt of {n} tokens (the document alone {doc} tokens), and it has {limit} "
+                                f"positions ({reserve} kept for its answer): run only minions and remote-only, "
+                                "or use shorter documents")
 
 
 def _load_results(path: Path, setup: dict[str, Any], overwrite: bool) -> dict[str, Any]:

@@ -602,9 +602,75 @@ def test_in_process_specs_include_real_checkpoints():
     assert not is_local_model("gpt-4o")
 
 
+def test_a_served_model_without_url_is_told_every_in_process_spec(tmp_path):
+    from lmforge.methods.minions.apply import is_local_model, make_client
+
+    with pytest.raises(UserError) as err:
+        make_client("gpt-4o", require_key=False)
+    assert "real:NAME" in str(err.value) and "zoo:NAME" in str(err.value)
+    # The loader reads a .gguf file too (lmforge.models.load): it runs in-process, not as a served name.
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert is_local_model(str(gguf)) and not is_local_model(str(tmp_path / "missing.gguf"))
+
+
 def test_from_spec_loads_in_the_dtype_asked():
     from lmforge.common.runtime import resolve_dtype
 
     assert HFChatClient.from_spec("zoo:agent-nano").model.dtype == torch.float32  # the loader's default, kept
     assert HFChatClient.from_spec("zoo:agent-nano", dtype="bfloat16").model.dtype == torch.bfloat16
     assert HFChatClient.from_spec("zoo:agent-nano", dtype="auto").model.dtype == resolve_dtype("auto")
+
+
+def test_reply_cache_recomputes_when_the_clients_generation_settings_change():
+    # The wrapped client's own settings shape every reply as much as the messages do: a new default
+    # max_tokens, JSON schema, parser options or constraint switch must not get the old reply back.
+    from lmforge.methods.minions.clients import ReplyCache
+
+    inner = _Counting()
+    inner.json_schema, inner.json_parser_options, inner.constrain_json = None, None, True
+    cache = ReplyCache(inner)
+    conv = [{"role": "user", "content": "a"}]
+    cache.chat(conv, json_mode=True)
+    assert inner.computed == ["a"]
+    for attr, value in (("max_tokens", 4), ("json_schema", {"type": "object"}),
+                        ("json_parser_options", {"force_json_field_order": True}), ("constrain_json", False)):
+        setattr(inner, attr, value)
+        cache.chat(conv, json_mode=True)
+        cache.chat(conv, json_mode=True)  # the same settings again: from memory
+    assert inner.computed == ["a"] * 5 and (cache.hits, cache.misses) == (4, 5)
+
+
+def test_reply_cache_never_answers_from_memory_for_a_client_that_now_samples():
+    from lmforge.methods.minions.clients import ReplyCache
+
+    inner = _Counting()
+    cache = ReplyCache(inner)
+    conv = [{"role": "user", "content": "a"}]
+    cache.chat(conv)
+    inner.temperature = 0.8  # switched to sampling after the cache was made
+    with pytest.raises(UserError, match="greedy"):
+        cache.chat(conv)
+    assert inner.computed == ["a"]
+
+
+def test_reply_cache_hands_out_its_own_usage_objects():
+    # A caller that adjusts a reply's usage in place must not change what the cache returns later.
+    from lmforge.methods.minions.clients import ReplyCache
+
+    cache = ReplyCache(_Counting())
+    conv = [{"role": "user", "content": "abc"}]
+    first = cache.chat(conv)
+    first.usage.prompt_tokens += 100
+    assert cache.chat(conv).usage.prompt_tokens == 3
+
+
+def test_reply_cache_without_a_client_has_no_attributes_rather_than_a_key_error():
+    import copy as _copy
+
+    from lmforge.methods.minions.clients import ReplyCache
+
+    bare = ReplyCache.__new__(ReplyCache)
+    assert not hasattr(bare, "context_limit")
+    cache = ReplyCache(_Counting())
+    assert _copy.copy(cache).client is cache.client

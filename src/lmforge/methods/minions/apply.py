@@ -5,10 +5,10 @@ baselines are the paper's: ``remote-only`` (the remote model reads the whole doc
 the quality and cost reference) and ``local-only`` (the local model does the same alone). Every run
 records both sides' tokens and the remote's dollars in a :class:`~.ledger.CostLedger`.
 
-Clients come from model specs (:func:`make_client`): ``zoo:NAME`` or a local Hugging Face folder
-runs in-process on lmforge's batched engine; anything else is a model name on an OpenAI-compatible
-server (``--remote-base-url`` / ``--local-base-url``: OpenAI, vLLM, llama.cpp's server, ollama), with
-the key read from an environment variable only.
+Clients come from model specs (:func:`make_client`): ``zoo:NAME``, ``real:NAME``, a local Hugging
+Face folder or a ``.gguf`` file runs in-process on lmforge's batched engine; anything else is a model
+name on an OpenAI-compatible server (``--remote-base-url`` / ``--local-base-url``: OpenAI, vLLM,
+llama.cpp's server, ollama), with the key read from an environment variable only.
 """
 
 from __future__ import annotations
@@ -68,8 +68,11 @@ class MinionsConfig:
 
 
 def is_local_model(spec: str) -> bool:
-    """``zoo:NAME``, ``real:NAME`` (a packaged real checkpoint) or an existing folder: run in-process."""
-    return spec.startswith(("zoo:", "real:")) or Path(spec).is_dir()
+    """``zoo:NAME``, ``real:NAME`` (a packaged real checkpoint), an existing folder or ``.gguf`` file (what
+    :func:`lmforge.models.load.load` reads): run in-process."""
+    path = Path(spec).expanduser()
+    return (spec.startswith(("zoo:", "real:")) or path.is_dir()
+            or (path.is_file() and path.name.endswith(".gguf")))
 
 
 def make_client(spec: str, *, base_url: str | None = None, key_env: str = "OPENAI_API_KEY",
@@ -78,7 +81,8 @@ def make_client(spec: str, *, base_url: str | None = None, key_env: str = "OPENA
     """A chat client for ``spec``.
 
     Args:
-        spec: ``zoo:NAME`` or a local HF folder (in-process), else a model name served at ``base_url``.
+        spec: ``zoo:NAME``, ``real:NAME``, a local HF folder or a ``.gguf`` file (in-process), else a model
+            name served at ``base_url``.
         base_url: an OpenAI-compatible ``/v1`` URL; required for a served model.
         key_env: the environment variable holding the API key (never a command-line value).
         require_key: a missing key is an error (local servers usually need none: pass False).
@@ -94,8 +98,8 @@ def make_client(spec: str, *, base_url: str | None = None, key_env: str = "OPENA
     if base_url is None and is_local_model(spec):
         return HFChatClient.from_spec(spec, max_tokens=max_tokens, json_schema=json_schema)
     if base_url is None:
-        raise UserError(f"{spec!r} is not zoo:NAME or a local model folder; give the server's URL "
-                        "(--remote-base-url / --local-base-url) to use it as a served model")
+        raise UserError(f"{spec!r} is not zoo:NAME, real:NAME, a local model folder or a .gguf file; give "
+                        "the server's URL (--remote-base-url / --local-base-url) to use it as a served model")
     return OpenAIChatClient(base_url, spec, api_key_env=key_env, require_key=require_key, timeout=timeout,
                             max_retries=max_retries, max_tokens=max_tokens)
 

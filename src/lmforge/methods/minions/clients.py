@@ -254,7 +254,8 @@ class HFChatClient:
 
     @classmethod
     def from_spec(cls, spec: str | os.PathLike[str], **kwargs: Any) -> HFChatClient:
-        """Load ``spec`` (``zoo:NAME`` or a local model folder) with :func:`lmforge.models.load.load`.
+        """Load ``spec`` (``zoo:NAME``, ``real:NAME``, a model folder or a ``.gguf`` file) with
+        :func:`lmforge.models.load.load`.
 
         The client's ``name`` is the spec as given unless ``name=`` is passed; ``dtype`` goes to the
         loader (``"auto"``: :func:`lmforge.common.runtime.resolve_dtype`, bfloat16 only on a CPU with
@@ -641,20 +642,29 @@ class ReplyCache:
     the next round asks the missing figures of the same chunks with the same task and advice. Under
     greedy decoding the local model's reply to an identical prompt is the same (up to the batch's
     padding, which changes bf16 rounding at most), so recomputing it only costs time. The cached
-    :class:`ChatResponse` is returned as it was, with its usage: a ledger still counts the tokens as
-    spent, as the protocol would spend them. ``hits`` / ``misses`` count calls.
+    :class:`ChatResponse` is returned as it was, with its usage (a fresh copy each time): a ledger
+    still counts the tokens as spent, as the protocol would spend them. ``hits`` / ``misses`` count
+    calls.
+
+    A reply is reused only for the same call: the same messages (system prompt included), ``json_mode``
+    and ``max_tokens``, and the same generation settings of the wrapped client at the time of the call
+    (its default ``max_tokens``, ``temperature``, ``json_schema``, ``json_parser_options``,
+    ``constrain_json``).
 
     Every other attribute (``context_limit``, ``count_tokens``, ``max_tokens``, ``render``, ``model``)
     is the wrapped client's.
 
     Raises:
-        UserError: the client samples (``temperature > 0``): its replies are not a function of the prompt.
+        UserError: the client samples (``temperature > 0``), when wrapped or at any later call: its
+            replies are not a function of the prompt.
     """
 
+    # The wrapped client's settings that change a reply (read at every call).
+    SETTINGS = ("max_tokens", "temperature", "json_schema", "json_parser_options", "constrain_json")
+
     def __init__(self, client: ChatClient) -> None:
-        if float(getattr(client, "temperature", 0.0) or 0.0) > 0:
-            raise UserError("a reply cache needs greedy decoding (temperature 0)")
         self.client = client
+        self._check_greedy()
         self.name = client.name
         self._cache: dict[str, ChatResponse] = {}
         self.hits = 0
@@ -662,16 +672,26 @@ class ReplyCache:
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["client"], name)
+        # Only reached for attributes the cache itself lacks; a half-built instance (copy, pickle) has
+        # no client yet and so no forwarded attributes.
+        try:
+            client = self.__dict__["client"]
+        except KeyError:
+            raise AttributeError(name) from None
+        return getattr(client, name)
 
     def __repr__(self) -> str:
         return f"ReplyCache({self.client!r}, hits={self.hits}, misses={self.misses})"
 
-    @staticmethod
-    def _key(messages: Messages, json_mode: bool, max_tokens: int | None) -> str:
+    def _check_greedy(self) -> None:
+        if float(getattr(self.client, "temperature", 0.0) or 0.0) > 0:
+            raise UserError("a reply cache needs greedy decoding (temperature 0)")
+
+    def _key(self, messages: Messages, json_mode: bool, max_tokens: int | None) -> str:
         import json
 
-        return json.dumps([messages, bool(json_mode), max_tokens], sort_keys=True)
+        settings = {k: getattr(self.client, k, None) for k in self.SETTINGS}
+        return json.dumps([messages, bool(json_mode), max_tokens, settings], sort_keys=True, default=repr)
 
     def chat(
         self, messages: list[dict[str, str]], *, json_mode: bool = False, max_tokens: int | None = None
@@ -685,6 +705,7 @@ class ReplyCache:
         json_mode: bool = False,
         max_tokens: int | None = None,
     ) -> list[ChatResponse]:
+        self._check_greedy()
         keys = [self._key(_check_messages(c), json_mode, max_tokens) for c in conversations]
         with self._lock:
             todo: dict[str, list[dict[str, str]]] = {}
@@ -696,7 +717,9 @@ class ReplyCache:
                 self._cache.update(zip(todo, fresh))
             self.misses += len(todo)
             self.hits += len(keys) - len(todo)
-            return [copy.copy(self._cache[k]) for k in keys]
+            out = [self._cache[k] for k in keys]
+        return [ChatResponse(r.text, Usage(r.usage.prompt_tokens, r.usage.completion_tokens), r.done_reason)
+                for r in out]
 
 
 # ----------------------------------------------------------------------------------------- scripted
