@@ -601,7 +601,7 @@ from lmforge.commands.groups import agent_app  # noqa: E402 - methods add their 
 
 app.add_typer(agent_app, name="agent")
 
-LocalOpt = Annotated[str, typer.Option("--local", help="Local model: zoo:NAME or a local HF folder (in-process), or a model name served at --local-base-url.")]
+LocalOpt = Annotated[str, typer.Option("--local", help="Local model: zoo:NAME, real:NAME, a local HF folder or a .gguf file (in-process), or a model name served at --local-base-url.")]
 RemoteModelOpt = Annotated[str, typer.Option("--remote", help="Remote model name (e.g. gpt-4o) served at --remote-base-url.")]
 RemoteUrlOpt = Annotated[str | None, typer.Option(help="OpenAI-compatible /v1 URL of the remote model; default $OPENAI_BASE_URL, else https://api.openai.com/v1.")]
 LocalUrlOpt = Annotated[str | None, typer.Option(help="OpenAI-compatible /v1 URL of a local server (vLLM, llama.cpp, ollama) serving --local.")]
@@ -684,7 +684,7 @@ def agent_minions(
     ledger = _ledger_factory(prices)()
     local_c, remote_c = _minions_clients(local, remote, remote_base_url, local_base_url, key_env, {protocol},
                                          local_max_tokens, remote_max_tokens)
-    _check_unchunked_fits(local_c, text, protocol, local_max_tokens)
+    _check_unchunked_fits(local_c, text, question, protocol, local_max_tokens)
     say = (lambda line: typer.echo(line, err=True)) if os.environ.get("LMFORGE_NO_PROGRESS") != "1" else (lambda line: None)
     try:
         rec = run_protocol(local_c, remote_c, text, question, cfg, ledger=ledger, log=say)
@@ -706,19 +706,22 @@ def agent_minions(
             typer.echo(f"saved to {out}")
 
 
-def _check_unchunked_fits(local_c: Any, text: str, protocol: str, local_max_tokens: int) -> None:
+def _check_unchunked_fits(local_c: Any, text: str, question: str, protocol: str, local_max_tokens: int) -> None:
     """MINION and local-only hand the local model the whole document (no chunking): refuse, before any
     call is paid for, a document that does not fit the local model's positions with room to answer."""
     if protocol not in ("minion", "local-only") or not hasattr(local_c, "context_limit"):
         return
+    from lmforge.bench.minions import first_local_prompt, prompt_tokens
+
     limit = local_c.context_limit()
     if limit is None:
         return
-    n = local_c.count_tokens(text)
+    # The protocol's first local prompt (instructions, question, chat template), not the document alone.
+    n = prompt_tokens(local_c, first_local_prompt(protocol, text, question))
     if n + local_max_tokens > limit:
-        raise UserError(f"the document is {n} tokens and the local model has {limit} positions ({local_max_tokens} kept "
-                        f"for its answer); --protocol {protocol} gives it the whole document: use --protocol minions "
-                        "(chunked) or a shorter document")
+        raise UserError(f"the prompt is {n} tokens (the document {local_c.count_tokens(text)}) and the local model "
+                        f"has {limit} positions ({local_max_tokens} kept for its answer); --protocol {protocol} gives "
+                        "it the whole document: use --protocol minions (chunked) or a shorter document")
 
 
 @bench_app.command("minions")

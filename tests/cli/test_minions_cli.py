@@ -220,3 +220,33 @@ def test_unchunked_document_longer_than_the_local_context_is_refused_before_any_
         assert code == 0, err
     else:
         assert remote.requests  # MINION went on to its first remote call
+
+
+@pytest.mark.parametrize("protocol", ["minion", "local-only"])
+def test_unchunked_check_counts_the_prompt_not_the_document_alone(monkeypatch, capsys, remote, tmp_path, protocol):
+    """A document that fits on its own count but not inside the protocol's first prompt (instructions,
+    question, chat template) is refused: the count is the prompt's."""
+    from lmforge.bench.minions import first_local_prompt, prompt_tokens
+    from lmforge.methods.minions.clients import HFChatClient
+    from lmforge.models.load import load
+
+    model, tok = load("zoo:agent-nano")
+    limit = int(model.config.max_position_embeddings)
+    reserve = 8
+    words = "The Cloud division reported revenue of 42 million dollars."
+    text = ""
+    while len(tok(text + " " + words, add_special_tokens=False)["input_ids"]) + reserve <= limit - 5:
+        text = (text + " " + words).strip()
+    n_doc = len(tok(text, add_special_tokens=False)["input_ids"])
+    assert n_doc + reserve <= limit  # the document alone fits
+    client = HFChatClient(model, tok, max_tokens=reserve)
+    assert prompt_tokens(client, first_local_prompt(protocol, text, "q")) + reserve > limit  # the prompt does not
+    doc = tmp_path / "doc.txt"
+    doc.write_text(text)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code, stdout, err = call(monkeypatch, capsys, "agent", "minions", *_args(remote), "--protocol", protocol,
+                             "--doc", str(doc), "--question", "q", "--local-max-tokens", str(reserve))
+    assert code == 2
+    lines = [ln for ln in (stdout + err).splitlines() if ln.strip()]
+    assert len(lines) == 1 and "the prompt is" in lines[0] and f"{limit} positions" in lines[0]
+    assert remote.requests == [] and sorted(p.name for p in tmp_path.iterdir()) == before

@@ -52,3 +52,18 @@ def track(items: Iterable[T], description: str, total: int | None = None) -> Ite
         for item in items:
             yield item
             prog.advance(task)
+
+
+def save_pretrained_quietly(obj: object, path: object, **kwargs: object) -> None:
+    """``obj.save_pretrained(path, **kwargs)`` without transformers' "Writing model shards" bar, which
+    it prints to stderr on every save: lmforge saves models into its cache as a side effect of loading
+    (zoo training, GGUF conversion), where a stray bar would break a command's one-line error contract."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        obj.save_pretrained(path, **kwargs)  # type: ignore[attr-defined]
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()

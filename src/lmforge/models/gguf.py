@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.common.errors import UserError
+from lmforge.common.progress import save_pretrained_quietly
 
 __all__ = ["GGUF_SUFFIX", "cache_dir", "convert", "file_sha256", "find_gguf", "read_header"]
 
@@ -214,7 +215,7 @@ def _convert_into(src: Path, out: Path, digest: str, header: dict[str, Any], pro
 
         shutil.rmtree(out)  # an incomplete or stale cache entry (no valid meta file)
     with atomic_dir(out) as tmp:
-        model.save_pretrained(str(tmp), safe_serialization=True)
+        save_pretrained_quietly(model, str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
         atomic_write_json(tmp / META_FILE, {
             "sha256": digest, "source": str(src), "source_name": src.name,

@@ -37,7 +37,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from lmforge.common.errors import UserError
 from lmforge.common.io import atomic_dir, atomic_write_json
-from lmforge.common.progress import make_progress
+from lmforge.common.progress import make_progress, save_pretrained_quietly
 from lmforge.data import corpus
 from lmforge.models.tokenizer import train_tokenizer
 
@@ -539,7 +539,7 @@ def build(spec: ZooSpec, out: Path, overwrite: bool = False, progress: bool = Tr
         "targets": dict(spec.targets),
     }
     with atomic_dir(out, overwrite=overwrite) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
+        save_pretrained_quietly(model, tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         atomic_write_json(tmp / "curves.json", {
             "losses": state.losses, "probes": state.probes, "needle_levels": state.levels})
