@@ -8,6 +8,7 @@ missing file.
 from __future__ import annotations
 
 import copy
+import os
 import pickle
 import shutil
 import warnings
@@ -280,3 +281,186 @@ def test_the_portable_c_build_without_avx512_equals_the_reference(monkeypatch, t
         assert torch.equal(u._native[1].dequant(0, 18), uq.dequantize())
     finally:
         lut_kernel._reset()
+
+
+# ---------------------------------------------------------------- review: memory safety and semantics
+
+
+@needs_cc
+def test_out_of_range_outlier_indices_are_refused_not_written_out_of_bounds():
+    """Negative outlier rows/cols wrap in PyTorch indexing (so _codes_at accepts them) but index the
+    C kernel's raw pointers before y / x: the view must refuse them as the PyTorch path does."""
+    q = _codebook(4, 8, 40, n_outliers=3, seed=2)
+    for bad in ("rows", "cols"):
+        m = CodebookQuantLinear.from_quantized(q, kernel="native")
+        with torch.no_grad():
+            (m.outlier_rows if bad == "rows" else m.outlier_cols)[1] = -1
+        with pytest.raises((ValueError, IndexError, RuntimeError)):
+            m(torch.randn(1, 40))
+        assert m._native is None
+
+
+@needs_cc
+def test_reassigned_buffers_of_the_wrong_shape_never_reach_the_kernel():
+    """A buffer reassigned with too few elements (scales, zeros, bias, codebook) would be read past its
+    end by the C kernel: the view checks every shape against the layer and refuses."""
+    uq = quantize_rtn(torch.randn(16, 128) * 0.05, 4, 32, False)
+    x = torch.randn(1, 128)
+    for name, value in (("scales", torch.ones(16, 1)), ("zeros", torch.zeros(16, 1)), ("bias", torch.zeros(1))):
+        u = UniformQuantLinear.from_quantized(uq, torch.zeros(16), kernel="native")
+        u(x)
+        setattr(u, name, nn.Parameter(value, requires_grad=False) if name == "bias" else value)
+        with pytest.raises((ValueError, RuntimeError)):
+            u(x)
+        assert u._native is None
+    c = CodebookQuantLinear.from_quantized(_codebook(4, 8, 40), kernel="native")
+    c.codebook = torch.randn(8, 3)  # 3 entries repeat to 15 < 16 floats a row
+    with pytest.raises((ValueError, RuntimeError)):
+        c(torch.randn(1, 40))
+    assert c._native is None
+
+
+@needs_cc
+def test_a_data_swap_rebuilds_the_view():
+    """``buf.data = t`` (what accelerate/offloading do) keeps the tensor object and its _version: the view
+    must still follow the new storage."""
+    q = _codebook(3, 12, 50, seed=4)
+    m = CodebookQuantLinear.from_quantized(q, kernel="native")
+    x = torch.randn(1, 50)
+    m(x)
+    m.codebook.data = m.codebook.data * 2
+    _close(m(x), _ref(x, 2 * q.dequantize(), None))
+    uq = quantize_rtn(torch.randn(16, 64) * 0.05, 4, 32, False)
+    u = UniformQuantLinear.from_quantized(uq, kernel="native")
+    u(x[:, :1].expand(1, 64).contiguous())
+    u.scales.data = u.scales.data * 3
+    xu = torch.randn(2, 64)
+    _close(u(xu), _ref(xu, 3 * uq.dequantize(), None))
+
+
+@needs_cc
+@pytest.mark.parametrize("tokens", [1, lut_kernel.GEMV_MAX_TOKENS + 3])
+def test_a_trainable_bias_keeps_its_gradient(tokens):
+    """The GEMV adds the bias in C (no autograd): a bias that requires grad takes the PyTorch path."""
+    q = _codebook(4, 10, 30, seed=6)
+    bias = torch.randn(10)
+    m = CodebookQuantLinear.from_quantized(q, bias)
+    m.bias.requires_grad_(True)
+    uq = quantize_rtn(torch.randn(10, 64) * 0.05, 4, 32, False)
+    u = UniformQuantLinear.from_quantized(uq, bias)
+    u.bias.requires_grad_(True)
+    for mod, in_f in ((m, 30), (u, 64)):
+        x = torch.randn(tokens, in_f)
+        mod(x).sum().backward()
+        assert mod.bias.grad is not None
+        torch.testing.assert_close(mod.bias.grad, torch.full((10,), float(tokens)))
+
+
+@needs_cc
+def test_float64_inputs_keep_float64_precision():
+    """F.linear on float64 computes in float64; the kernel computes in float32, so float64 inputs take the
+    PyTorch path (same dtype, float64-accurate)."""
+    q = _codebook(4, 6, 40, seed=7)
+    m = CodebookQuantLinear.from_quantized(q)
+    x = torch.randn(1, 40, dtype=torch.float64) * 1e3
+    y = m(x)
+    want = x @ q.dequantize().double().T
+    assert y.dtype == torch.float64
+    torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-9)
+
+
+@needs_cc
+def test_a_corrupt_cached_library_is_rebuilt_not_a_permanent_fallback(monkeypatch, tmp_path):
+    monkeypatch.setenv("LMFORGE_CACHE", str(tmp_path))
+    lut_kernel._reset()
+    try:
+        path = lut_kernel._build(lut_kernel.COMPILER)  # built, not loaded (a loaded file is never rewritten)
+        bad = path.with_name("bad")
+        bad.write_bytes(b"\x7fELF truncated")  # e.g. a disk that filled up under an older, non-atomic writer
+        bad.replace(path)
+        assert lut_kernel.available(), lut_kernel.unavailable_reason()
+        assert lut_kernel.library_path() == path and path.stat().st_size > 1000
+    finally:
+        lut_kernel._reset()
+
+
+@needs_cc
+def test_a_failed_or_timed_out_build_leaves_no_file_and_an_unwritable_cache_still_builds(monkeypatch, tmp_path):
+    monkeypatch.setenv("LMFORGE_CACHE", str(tmp_path))
+    real_run = lut_kernel.subprocess.run
+
+    def timeout(cmd, **kw):
+        if "--version" in cmd:
+            return real_run(cmd, **kw)
+        raise lut_kernel.subprocess.TimeoutExpired(cmd, 300)
+
+    monkeypatch.setattr(lut_kernel.subprocess, "run", timeout)
+    lut_kernel._reset()
+    try:
+        assert not lut_kernel.available() and "timed out" in lut_kernel.unavailable_reason()
+        assert list((tmp_path / "kernels").iterdir()) == []  # no temporary file left behind
+        monkeypatch.setattr(lut_kernel.subprocess, "run", real_run)
+        lut_kernel._reset()
+        (tmp_path / "kernels").chmod(0o555)  # an existing, read-only cache folder
+        if not os.access(tmp_path / "kernels", os.W_OK):  # (root writes anyway)
+            assert lut_kernel.available(), lut_kernel.unavailable_reason()
+            assert lut_kernel.library_path().parent != tmp_path / "kernels"
+    finally:
+        (tmp_path / "kernels").chmod(0o755)
+        lut_kernel._reset()
+
+
+@needs_cc
+@pytest.mark.parametrize("bits", [1, 2, 3, 4])
+def test_tails_sweep_against_the_dequantized_reference(bits, monkeypatch):
+    """Row counts below and around the 4-row block, in_features around a code word, a 16-word chunk
+    and a group (1, per - 1, per + 1, 16 per +- 1, ...), one and two threads (the row split with fewer
+    blocks than threads): an off-by-one in any tail mask reads a padding code or a neighbour's word."""
+    per = 32 // bits
+    ins = sorted({1, per - 1 or 1, per + 1, 16 * per - 1, 16 * per + 1, 33 * per + 3})
+    g = torch.Generator().manual_seed(bits)
+    n = torch.get_num_threads()
+    for threads in (1, 2):
+        monkeypatch.setattr(lut_kernel, "PARALLEL_MIN_MACS", 0 if threads == 2 else 1 << 62)
+        torch.set_num_threads(threads)
+        try:
+            for in_f in ins:
+                for out_f in (1, 2, 3, 5, 6):
+                    q = _codebook(bits, out_f, in_f, n_outliers=2, seed=in_f + out_f)
+                    bias = torch.randn(out_f, generator=g)
+                    groups = [0] + [k * per for k in (1, 3, 16, 32) if k * per < in_f]
+                    us = [quantize_rtn(torch.randn(out_f, in_f, generator=g) * 0.05 + 0.1, bits, gs, sym=False)
+                          for gs in groups]
+                    for tokens in (1, 2):
+                        x = torch.randn(tokens, in_f, generator=g)
+                        m = CodebookQuantLinear.from_quantized(q, bias, kernel="native")
+                        _close(m(x), _ref(x, q.dequantize(), bias))
+                        for uq in us:
+                            u = UniformQuantLinear.from_quantized(uq, bias, kernel="native")
+                            _close(u(x), _ref(x, uq.dequantize(), bias))
+                            assert torch.equal(u._native[1].dequant(0, out_f), uq.dequantize())
+                        # the C dequantization writes the codebook values (the caller adds outliers)
+                        plain = CodebookQuantized(q.codes, q.codebook, bits).dequantize()
+                        assert torch.equal(m._native[1].dequant(0, out_f), plain)
+        finally:
+            torch.set_num_threads(n)
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", [1, lut_kernel.GEMV_MAX_TOKENS + 4])
+def test_half_inputs_return_their_dtype_like_the_pytorch_path(dtype, tokens):
+    q = _codebook(3, 24, 90, n_outliers=4, seed=11)
+    bias = torch.randn(24)
+    uq = quantize_rtn(torch.randn(24, 96) * 0.05, 4, 32, False)
+    for mk, in_f in ((lambda k: CodebookQuantLinear.from_quantized(q, bias, kernel=k), 90),
+                     (lambda k: UniformQuantLinear.from_quantized(uq, bias, kernel=k), 96)):
+        x = torch.randn(2, tokens, in_f).to(dtype)
+        nat, ref = mk("native"), mk("dequant")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            y = nat(x)
+        assert nat._native is not None and y.dtype == dtype and y.shape == (2, tokens, 24)
+        want = ref(x)
+        assert want.dtype == dtype
+        torch.testing.assert_close(y.float(), want.float(), rtol=2e-2, atol=5e-2)

@@ -20,8 +20,14 @@ from lmforge.common.qlinear import (
 )
 from lmforge.common.quant import CodebookQuantized, UniformQuantized, pack_codes, quantize_rtn
 
-ATOL = 1e-5
-RTOL = 1e-5  # float32 summation order (blocks, LUT buckets) differs from one F.linear
+# float32 summation order (blocks, LUT buckets, the compiled kernel's zero-point split
+# s * (sum x (q - c) - (z - c) sum x)) differs from one F.linear. NOTE: an absolute 1e-5 was below the
+# noise: on 70-column rows float32 F.linear itself is 1.2e-5 from the float64 result and the compiled
+# kernel 2.2e-5 (2-bit, one group a row, 3000 random inputs), so auto (now the compiled kernel) failed
+# about one run in eight. 1e-4 keeps a 4x margin over that noise and stays far below the effect of a
+# wrong code or scale (about |s x|, 0.1 and up here).
+ATOL = 1e-4
+RTOL = 1e-5
 
 
 def _uniform(bits: int, group_size: int, sym: bool, act_order: bool, out_f: int = 40, in_f: int = 70, seed: int = 0):

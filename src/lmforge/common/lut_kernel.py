@@ -151,7 +151,26 @@ def _compiler_id(cc: str) -> tuple[str, str]:
     return path, out.stdout.strip()
 
 
-def _build(cc: str) -> Path:
+def _compile(path: str, flags: tuple[str, ...], tmp_dir: Path, target: Path) -> str | None:
+    """Compile into a temporary file in ``tmp_dir`` and rename it onto ``target`` (atomic: a concurrent
+    process sees either no file or a whole one); the temporary file never outlives a failure or a
+    timeout. Returns None on success, else the compiler's last error line."""
+    fd, tmp = tempfile.mkstemp(prefix=".lut_gemv-", suffix=".so", dir=tmp_dir)
+    os.close(fd)
+    try:
+        cmd = [path, *flags, "-std=gnu11", "-shared", "-fPIC", "-o", tmp, str(SOURCE)]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if res.returncode == 0:
+            os.replace(tmp, target)
+            return None
+        return (res.stderr.strip().splitlines() or ["failed"])[-1]
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _build(cc: str, rebuild: Path | None = None) -> Path:
+    """The path of the compiled library (cached, else built now). ``rebuild``: a cached file that
+    failed to load (truncated or corrupt), built again in its place."""
     path, version = _compiler_id(cc)
     source = SOURCE.read_bytes()
     cache = _cache_root() / "kernels"
@@ -161,23 +180,18 @@ def _build(cc: str) -> Path:
             [source, path.encode(), version.encode(), " ".join(flags).encode(), _cpu_id().encode(),
              str(_ABI).encode()])).hexdigest()[:20]
         target = cache / f"lut_gemv-{key}.so"
-        if target.exists():
+        if target.exists() and target != rebuild:
             return target
         try:
             cache.mkdir(parents=True, exist_ok=True)
-            tmp_dir = cache
+            err = _compile(path, flags, cache, target)
         except OSError:  # an unwritable cache: build in a temporary folder (no caching)
             tmp_dir = Path(tempfile.mkdtemp(prefix="lmforge-kernels-"))
             target = tmp_dir / target.name
-        fd, tmp = tempfile.mkstemp(prefix=".lut_gemv-", suffix=".so", dir=tmp_dir)
-        os.close(fd)
-        cmd = [path, *flags, "-std=gnu11", "-shared", "-fPIC", "-o", tmp, str(SOURCE)]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if res.returncode == 0:
-            os.replace(tmp, target)
+            err = _compile(path, flags, tmp_dir, target)
+        if err is None:
             return target
-        Path(tmp).unlink(missing_ok=True)
-        errors.append(f"{' '.join(flags)}: {(res.stderr.strip().splitlines() or ['failed'])[-1]}")
+        errors.append(f"{' '.join(flags)}: {err}")
     raise OSError("compiling csrc/lut_gemv.c failed (" + "; ".join(errors) + ")")
 
 
@@ -189,7 +203,12 @@ def _load() -> _Lib | None:
             st = _state.get(cc)
             if st is None:
                 try:
-                    st = {"lib": _Lib(_build(cc))}
+                    path = _build(cc)
+                    try:
+                        lib = _Lib(path)
+                    except OSError:  # a cached file that does not load (truncated, corrupt): build it again
+                        lib = _Lib(_build(cc, rebuild=path))
+                    st = {"lib": lib}
                 except (OSError, subprocess.SubprocessError) as exc:
                     st = {"error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__}
                 _state[cc] = st
@@ -350,9 +369,23 @@ def scratch(numel: int) -> torch.Tensor:
     return buf
 
 
+def _check(name: str, t: torch.Tensor | None, shape: tuple[int, ...]) -> None:
+    """The C kernel reads raw pointers with the layer's sizes: every tensor must be a CPU tensor of
+    exactly the expected shape (one with fewer elements would be read past its end)."""
+    if t is None:
+        return
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} is on {t.device.type}, the compiled kernel is CPU only")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, the compiled kernel expects {shape}")
+
+
 def _descriptor(kind: int, qweight: torch.Tensor, out_f: int, in_f: int, bits: int) -> tuple[_Layer, dict]:
+    if not 1 <= bits <= 4 or out_f < 0 or in_f <= 0 or max(out_f, in_f) >= 2**31:
+        raise ValueError(f"the compiled kernel cannot run a {bits}-bit {out_f}x{in_f} layer")
     if qweight.dtype != torch.int32 or tuple(qweight.shape) != (out_f, -(-in_f // (32 // bits))):
         raise ValueError(f"qweight must be int32 ({out_f}, {-(-in_f // (32 // bits))})")
+    _check("qweight", qweight, (out_f, -(-in_f // (32 // bits))))
     q = qweight.detach().contiguous()
     d = _Layer()
     d.kind, d.out, d.in_, d.bits = kind, out_f, in_f, bits
@@ -372,8 +405,21 @@ def codebook_layer(qweight: torch.Tensor, codebook: torch.Tensor, in_features: i
     lib = _load()
     if lib is None:
         return None
-    out_f, k = codebook.shape
+    out_f = qweight.shape[0]
     d, keep = _descriptor(0, qweight, out_f, in_features, bits)
+    _check("codebook", codebook, (out_f, 2**bits))  # repeated to exactly 16 floats a row below
+    _check("bias", bias, (out_f,))
+    k = 2**bits
+    if outliers is not None and outliers[2].numel():
+        n = outliers[2].numel()
+        for name, t in zip(("outlier rows", "outlier cols", "outlier deltas"), outliers):
+            _check(name, t, (n,))
+        # Raw indices into y and x: PyTorch's indexing would wrap a negative one, the C kernel would
+        # write before y (the PyTorch path raises for them: index_add).
+        rows, cols = outliers[0], outliers[1]
+        if n and (int(rows.min()) < 0 or int(rows.max()) >= out_f or int(cols.min()) < 0
+                  or int(cols.max()) >= in_features):
+            raise ValueError(f"outlier positions must lie inside the {out_f}x{in_features} weight")
     table = _f32(codebook).repeat(1, 16 // k)  # table[r, s] = codebook[r, s mod 2^bits]
     keep["table"] = table
     d.table = table.data_ptr()
@@ -401,6 +447,13 @@ def uniform_layer(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tens
     out_f = qweight.shape[0]
     d, keep = _descriptor(1, qweight, out_f, in_features, bits)
     per = 32 // bits
+    reason = unsupported_reason("uniform", bits, group_size)
+    if reason is not None:
+        raise ValueError(reason)
+    n_groups = -(-in_features // group_size) if group_size > 0 else 1
+    _check("scales", scales, (out_f, n_groups))
+    _check("zeros", zeros, (out_f, n_groups))
+    _check("bias", bias, (out_f,))
     s, z = _f32(scales), _f32(zeros)
     keep.update(scales=s, zeros=z)
     d.scales, d.zeros = s.data_ptr(), z.data_ptr()

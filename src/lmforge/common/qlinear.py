@@ -74,6 +74,9 @@ __all__ = [
     "weight_bytes",
 ]
 
+# Input dtypes the compiled kernel runs (computing in float32); others take the PyTorch path.
+_NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
 # Attributes that hold a quantized layer's weight (reassigning one drops the compiled kernel's view).
 _WEIGHT_NAMES = frozenset({"qweight", "scales", "zeros", "g_idx", "codebook", "outlier_rows", "outlier_cols",
                            "outlier_vals", "bias"})
@@ -465,9 +468,10 @@ class _QuantLinearBase(nn.Module, abc.ABC):
         return super()._apply(*args, **kwargs)
 
     # -- the compiled kernel (lmforge.common.lut_kernel) ------------------------------------------
-    # self._native is None or (versions, NativeLayer, tensors): the compiled view of ``tensors`` (the
-    # weight buffers and the bias) as they were at ``versions`` (Tensor._version counts in-place
-    # writes, e.g. load_state_dict); a reassigned or moved buffer clears it (above).
+    # self._native is None or (key, NativeLayer, tensors): the compiled view of ``tensors`` (the
+    # weight buffers and the bias) as they were at ``key`` (_native_key: Tensor._version counts
+    # in-place writes, e.g. load_state_dict; the data pointer catches ``buf.data = t``, which keeps
+    # the version); a reassigned or moved buffer clears it (above).
 
     @abc.abstractmethod
     def _native_unsupported(self) -> str | None:
@@ -487,13 +491,28 @@ class _QuantLinearBase(nn.Module, abc.ABC):
     def _native_tensors(self) -> tuple[torch.Tensor, ...]:
         return (*self._weight_tensors(), *(() if self.bias is None else (self.bias,)))
 
+    @staticmethod
+    def _native_key(tensors: tuple[torch.Tensor, ...]) -> list[tuple[int, int]]:
+        return [(t._version, t.data_ptr()) for t in tensors]
+
+    @staticmethod
+    def _native_declines(x: torch.Tensor, tensors: tuple[torch.Tensor, ...]) -> bool:
+        """True when ``x`` must take the PyTorch path: autograd through the input or through a weight
+        tensor or the bias (the compiled kernel has no backward; it adds the bias in C), or a dtype
+        other than float32/bfloat16/float16. NOTE: float64 stays on PyTorch because the kernel
+        computes in float32, and F.linear on float64 computes in float64."""
+        if x.dtype not in _NATIVE_DTYPES:
+            return True
+        return torch.is_grad_enabled() and (x.requires_grad or any(t.requires_grad for t in tensors))
+
     def _native_layer(self, x: torch.Tensor, kernel: str) -> lut_kernel.NativeLayer | None:
         """The compiled view to run ``x`` through, or None for the PyTorch path (``kernel`` is auto or
         native; an explicit native request that cannot run warns once)."""
-        if x.requires_grad and torch.is_grad_enabled():
-            return None  # the compiled kernel has no backward
+        tensors = self._native_tensors()
+        if self._native_declines(x, tensors):
+            return None  # autograd or a float64 input: the PyTorch path
         st = self.__dict__.get("_native")
-        if st is not None and [t._version for t in st[2]] == st[0]:
+        if st is not None and self._native_key(st[2]) == st[0]:
             return st[1]
         reason = self._native_unsupported() or (None if x.is_cpu else "the input is not on the CPU")
         if reason is not None:
@@ -506,8 +525,7 @@ class _QuantLinearBase(nn.Module, abc.ABC):
         if nat is None:
             lut_kernel.warn_fallback_once()
             return None
-        tensors = self._native_tensors()
-        self.__dict__["_native"] = ([t._version for t in tensors], nat, tensors)
+        self.__dict__["_native"] = (self._native_key(tensors), nat, tensors)
         return nat
 
     def _native_gemv_fast(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -517,10 +535,10 @@ class _QuantLinearBase(nn.Module, abc.ABC):
         if (
             st is None
             or not x.is_cpu
-            or (x.requires_grad and torch.is_grad_enabled())
             or x.shape[-1] != self.in_features
             or x.numel() > lut_kernel.GEMV_MAX_TOKENS * self.in_features
-            or [t._version for t in st[2]] != st[0]
+            or self._native_declines(x, st[2])
+            or self._native_key(st[2]) != st[0]
         ):
             return None
         return st[1].run(x)
