@@ -612,18 +612,57 @@ RoundsOpt = Annotated[int | None, typer.Option(help="Rounds at most (default: MI
 ChunkOpt = Annotated[int, typer.Option(help="MINIONS: characters per chunk of the chunking function the remote's code calls.")]
 LocalTokOpt = Annotated[int, typer.Option(help="Completion tokens per local call.")]
 RemoteTokOpt = Annotated[int, typer.Option(help="Completion tokens per remote call.")]
+JobSchemaOpt = Annotated[str, typer.Option(
+    "--job-schema", help="JSON schema an in-process local model's MINIONS job replies are decoded under: official "
+    "(the paper's and official code's JobOutput, free strings) or bounded (explanation <= 60 characters, citation "
+    "<= 120, answer <= 20, official key order enforced, at most 2 whitespace characters in a row; what `lmforge "
+    "reproduce minions` uses). Choose bounded for small local models (~100M, e.g. real:smollm2-135m-instruct) "
+    "that do not close their strings: MINIONS drops job replies cut at --local-max-tokens. Not with "
+    "--local-base-url.")]
+LocalDtypeOpt = Annotated[str, typer.Option(
+    "--local-dtype", help="dtype of an in-process local model: auto (bfloat16 on a CPU with AMX/AVX512-BF16 or on "
+    "CUDA, else float32), float32 or bfloat16. Ignored with --local-base-url.")]
+
+
+def _check_local_options(job_schema: str, local_dtype: str, local_base_url: str | None) -> tuple[Any, Any, str | None]:
+    """``(json_schema, json_parser_options, dtype name)`` of the local model's options: one line for a bad
+    value, before any client is made or file written. The dtype is None for a served model."""
+    from lmforge.common.runtime import DTYPE_CHOICES, resolve_dtype
+    from lmforge.methods.minions.jobs import JOB_OUTPUT_SCHEMA, JOB_SCHEMAS
+    from lmforge.methods.minions.jobs import job_schema as schema_of
+
+    if job_schema not in JOB_SCHEMAS:
+        raise UserError(f"--job-schema must be one of {', '.join(JOB_SCHEMAS)}, not {job_schema!r}")
+    try:
+        dtype = resolve_dtype(local_dtype)
+    except UserError:
+        raise UserError(f"--local-dtype must be one of {', '.join(DTYPE_CHOICES)}, not {local_dtype!r}") from None
+    if local_base_url is not None and job_schema != "official":
+        # NOTE: OpenAIChatClient asks a server for response_format json_object only (no json_schema path),
+        # and the bound's parser options (key order, whitespace) are lm-format-enforcer's.
+        raise UserError(f"--job-schema {job_schema} needs an in-process --local model (zoo:NAME, real:NAME, a "
+                        "folder or a .gguf); a model served at --local-base-url gets JSON mode without a schema")
+    dtype_name = None if local_base_url is not None else str(dtype).removeprefix("torch.")
+    if job_schema == "official":
+        return JOB_OUTPUT_SCHEMA, None, dtype_name
+    schema, options = schema_of(job_schema)
+    return schema, options, dtype_name
 
 
 def _minions_clients(local: str, remote: str, remote_base_url: str | None, local_base_url: str | None,
-                     key_env: str, protocol_set: set[str], local_max_tokens: int, remote_max_tokens: int) -> tuple[Any, Any]:
+                     key_env: str, protocol_set: set[str], local_max_tokens: int, remote_max_tokens: int,
+                     job_schema: str = "official", local_dtype: str = "auto") -> tuple[Any, Any]:
     from lmforge.methods.minions.apply import OPENAI_URL, make_client
-    from lmforge.methods.minions.jobs import JOB_OUTPUT_SCHEMA
 
+    schema, options, _ = _check_local_options(job_schema, local_dtype, local_base_url)
     url = remote_base_url or os.environ.get("OPENAI_BASE_URL") or OPENAI_URL
     remote_c = None if protocol_set == {"local-only"} else make_client(
         remote, base_url=url, key_env=key_env, max_tokens=remote_max_tokens)
+    local_kw: dict[str, Any] = {"json_schema": schema}
+    if local_base_url is None:  # in-process only (a served model takes neither)
+        local_kw.update(json_parser_options=options, dtype=local_dtype)
     local_c = None if protocol_set == {"remote-only"} else make_client(
-        local, base_url=local_base_url, require_key=False, max_tokens=local_max_tokens, json_schema=JOB_OUTPUT_SCHEMA)
+        local, base_url=local_base_url, require_key=False, max_tokens=local_max_tokens, **local_kw)
     return local_c, remote_c
 
 
@@ -659,6 +698,8 @@ def agent_minions(
     doc_metadata: Annotated[str, typer.Option(help="What the document is (\"a 10-K filing\"), for MINIONS' advice.")] = "",
     local_max_tokens: LocalTokOpt = 256,
     remote_max_tokens: RemoteTokOpt = 2048,
+    job_schema: JobSchemaOpt = "official",
+    local_dtype: LocalDtypeOpt = "auto",
     out: Annotated[Path | None, typer.Option(help="Write the answer, the ledger and the full transcripts here (JSON).")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing --out file.")] = False,
     as_json: JsonOpt = False,
@@ -676,6 +717,7 @@ def agent_minions(
 
     cfg = MinionsConfig(protocol=protocol, max_rounds=max_rounds, chunk_size=chunk_size, doc_metadata=doc_metadata)
     _check_max_tokens(local_max_tokens, remote_max_tokens)
+    _, _, dtype_name = _check_local_options(job_schema, local_dtype, local_base_url)
     if out is not None:
         check_output_file(out, overwrite)  # before any model is paid for
     text = read_document(doc)
@@ -683,7 +725,7 @@ def agent_minions(
         raise UserError("--question is empty")
     ledger = _ledger_factory(prices)()
     local_c, remote_c = _minions_clients(local, remote, remote_base_url, local_base_url, key_env, {protocol},
-                                         local_max_tokens, remote_max_tokens)
+                                         local_max_tokens, remote_max_tokens, job_schema, local_dtype)
     _check_unchunked_fits(local_c, text, question, protocol, local_max_tokens)
     say = (lambda line: typer.echo(line, err=True)) if os.environ.get("LMFORGE_NO_PROGRESS") != "1" else (lambda line: None)
     try:
@@ -691,7 +733,8 @@ def agent_minions(
     except UserError:
         typer.echo(ledger.render(), err=True)  # what was spent before the failure
         raise
-    rec.update(question=question, document=str(doc), local=local, remote=remote)
+    rec.update(question=question, document=str(doc), local=local, remote=remote,
+               local_options={"job_schema": job_schema, "dtype": dtype_name, "max_tokens": local_max_tokens})
     if as_json:
         _emit_json(rec)
     else:
@@ -745,6 +788,8 @@ def bench_minions(
     chunk_size: ChunkOpt = 5000,
     local_max_tokens: LocalTokOpt = 256,
     remote_max_tokens: RemoteTokOpt = 2048,
+    job_schema: JobSchemaOpt = "official",
+    local_dtype: LocalDtypeOpt = "auto",
     overwrite: Annotated[bool, typer.Option(help="Discard an existing results.json in OUT and start afresh.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -762,6 +807,7 @@ def bench_minions(
     protocols = check_protocols(protocol) if protocol else list(PROTOCOLS)
     cfg = MinionsConfig(max_rounds=max_rounds, chunk_size=chunk_size)
     _check_max_tokens(local_max_tokens, remote_max_tokens)
+    _, _, dtype_name = _check_local_options(job_schema, local_dtype, local_base_url)
     factory = _ledger_factory(prices)
     if synthetic is not None:
         if synthetic < 1:
@@ -778,11 +824,13 @@ def bench_minions(
         prices=None if prices is None else {"file": str(prices),
                                             "sha256": hashlib.sha256(prices.read_bytes()).hexdigest()},
         clients={"local_base_url": local_base_url, "remote_base_url": remote_base_url,
-                 "local_max_tokens": local_max_tokens, "remote_max_tokens": remote_max_tokens},
+                 "local_max_tokens": local_max_tokens, "remote_max_tokens": remote_max_tokens,
+                 "job_schema": job_schema, "local_dtype": dtype_name},
         data_options={"format": fmt, "docs_dir": None if docs_dir is None else str(docs_dir)},
     )
     local_c, remote_c = _minions_clients(local, remote, remote_base_url, local_base_url, key_env,
-                                         set(setup.protocols), local_max_tokens, remote_max_tokens)
+                                         set(setup.protocols), local_max_tokens, remote_max_tokens,
+                                         job_schema, local_dtype)
     res = run_bench(items, local_c, remote_c, out, setup, cfg=cfg, ledger_factory=factory, overwrite=overwrite,
                     progress=os.environ.get("LMFORGE_NO_PROGRESS") != "1")
     if as_json:

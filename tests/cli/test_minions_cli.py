@@ -250,3 +250,108 @@ def test_unchunked_check_counts_the_prompt_not_the_document_alone(monkeypatch, c
     lines = [ln for ln in (stdout + err).splitlines() if ln.strip()]
     assert len(lines) == 1 and "the prompt is" in lines[0] and f"{limit} positions" in lines[0]
     assert remote.requests == [] and sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+# ------------------------------------------------------------------ --job-schema and --local-dtype
+
+
+@pytest.fixture()
+def built(monkeypatch):
+    """The clients the CLI builds (make_client wrapped: same arguments, same client)."""
+    from lmforge.methods.minions import apply
+
+    made: list = []
+    real = apply.make_client
+
+    def spy(spec, **kw):
+        client = real(spec, **kw)
+        made.append((spec, kw, client))
+        return client
+
+    monkeypatch.setattr(apply, "make_client", spy)
+    return made
+
+
+def _local_client(made):
+    return next(client for spec, _, client in made if spec == "zoo:agent-nano")
+
+
+def test_bounded_job_schema_and_dtype_reach_the_in_process_local_model(monkeypatch, capsys, remote, doc, tmp_path,
+                                                                       built):
+    import torch
+
+    from lmforge.common.runtime import resolve_dtype
+    from lmforge.methods.minions import prompts
+    from lmforge.methods.minions.jobs import BOUNDED_JOB_PARSER_OPTIONS, JOB_OUTPUT_SCHEMA, bounded_job_schema
+
+    out = tmp_path / "run.json"
+    base = ["agent", "minions", *_args(remote), "--protocol", "local-only", "--doc", str(doc), "--question", "q",
+            "--local-max-tokens", "4"]
+    code, _, err = call(monkeypatch, capsys, *base, "--job-schema", "bounded", "--local-dtype", "bfloat16",
+                        "--out", str(out))
+    assert code == 0, err
+    bounded = _local_client(built)
+    assert bounded.json_schema == bounded_job_schema() and bounded.json_parser_options == BOUNDED_JOB_PARSER_OPTIONS
+    assert next(bounded.model.parameters()).dtype == torch.bfloat16
+    rec = json.loads(out.read_text())
+    assert rec["local_options"] == {"job_schema": "bounded", "dtype": "bfloat16", "max_tokens": 4}
+    # The defaults: the official free-string schema, the library's parser defaults, --local-dtype auto.
+    built.clear()
+    code, _, err = call(monkeypatch, capsys, *base)
+    assert code == 0, err
+    official = _local_client(built)
+    assert official.json_schema == JOB_OUTPUT_SCHEMA and official.json_parser_options is None
+    assert next(official.model.parameters()).dtype == resolve_dtype("auto")
+
+    # A MINIONS job through each client: agent-nano writes " " in every field, so the bound shows in the
+    # structure: the official key order and at most 2 whitespace characters in a row (the official schema
+    # lets nano write its keys in another order and end on a dozen newlines).
+    conv = [[{"role": "user", "content": prompts.minions_worker(doc.read_text(), "What was Cloud revenue?", "")}]]
+    for client in (bounded, official):
+        client.model.float()
+    replies = {}
+    for name, client in (("bounded", bounded), ("official", official)):
+        r = client.chat_batch(conv, json_mode=True, max_tokens=64)[0]
+        assert r.done_reason == "stop", r.text
+        replies[name] = r.text
+    import re
+
+    longest_ws = {k: max(len(m) for m in re.findall(r"\s+", v)) for k, v in replies.items()}
+    keys = {k: list(json.loads(v)) for k, v in replies.items()}
+    assert keys["bounded"] == ["explanation", "citation", "answer"] and longest_ws["bounded"] <= 2
+    assert keys["official"] != keys["bounded"] or longest_ws["official"] > 2  # the contrast: the test can fail
+
+
+def test_bench_records_the_local_options_and_resumes_only_the_same(monkeypatch, capsys, remote, tmp_path, built):
+    out = tmp_path / "bench"
+    base = ["bench", "minions", *_args(remote), "--synthetic", "1", "--synthetic-chars", "1500",
+            "--protocol", "local-only", "--local-max-tokens", "4", "--out", str(out)]
+    code, _, err = call(monkeypatch, capsys, *base, "--job-schema", "bounded", "--local-dtype", "float32")
+    assert code == 0, err
+    clients = json.loads((out / "results.json").read_text())["setup"]["clients"]
+    assert clients["job_schema"] == "bounded" and clients["local_dtype"] == "float32"
+    assert _local_client(built).json_parser_options is not None
+    code, _, err = call(monkeypatch, capsys, *base, "--local-dtype", "float32")  # official: another run
+    assert code == 2 and "different run" in err
+
+
+@pytest.mark.parametrize("case", ["schema", "dtype", "served"])
+@pytest.mark.parametrize("command", ["agent", "bench"])
+def test_bad_local_options_are_one_line_and_write_nothing(monkeypatch, capsys, remote, doc, tmp_path, built,
+                                                          case, command):
+    extra = {"schema": ["--job-schema", "strict"], "dtype": ["--local-dtype", "float16"],
+             "served": ["--job-schema", "bounded", "--local-base-url", "http://127.0.0.1:9/v1"]}[case]
+    out = tmp_path / "out"
+    if command == "agent":
+        args = ["agent", "minions", *_args(remote), "--doc", str(doc), "--question", "q", "--out", str(out / "r.json")]
+    else:
+        args = ["bench", "minions", *_args(remote), "--synthetic", "1", "--out", str(out)]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code, stdout, err = call(monkeypatch, capsys, *args, *extra)
+    lines = [ln for ln in (stdout + err).splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error:"), stdout + err
+    assert {"schema": "--job-schema must be one of official, bounded",
+            "dtype": "--local-dtype must be one of auto, float32, bfloat16",
+            "served": "--job-schema bounded needs an in-process --local model"}[case] in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before and not out.exists()
+    assert built == [] and remote.requests == []  # no client was made, nothing was paid for

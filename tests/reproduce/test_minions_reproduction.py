@@ -55,6 +55,29 @@ def test_smollm2_worker_schema_keeps_the_job_output_fields() -> None:
     assert "maxLength" not in JOB_OUTPUT_SCHEMA["properties"]["explanation"]  # the official one is untouched
 
 
+# The reproduction's worker schema and parser options as they were written in this module before the
+# builder moved to lmforge.methods.minions.jobs (json.dumps of smollm2_job_schema() and of the smollm2
+# reader's parser_options, taken before the move): the move must not change a byte.
+SCHEMA_BEFORE_MOVE = ('{"type": "object", "properties": {"explanation": {"type": "string", "maxLength": 60}, '
+                      '"citation": {"anyOf": [{"type": "string", "maxLength": 120}, {"type": "null"}]}, '
+                      '"answer": {"anyOf": [{"type": "string", "maxLength": 20}, {"type": "null"}]}}, '
+                      '"required": ["explanation", "citation", "answer"]}')
+OPTIONS_BEFORE_MOVE = '{"max_consecutive_whitespaces": 2, "force_json_field_order": true}'
+
+
+def test_the_reproduction_decodes_under_the_librarys_bounded_schema_unchanged() -> None:
+    import json
+
+    from lmforge.methods.minions.jobs import BOUNDED_JOB_PARSER_OPTIONS, bounded_job_schema, job_schema
+
+    reader = repro.READERS["smollm2"]
+    assert json.dumps(reader.json_schema) == json.dumps(repro.smollm2_job_schema()) == SCHEMA_BEFORE_MOVE
+    assert json.dumps(reader.parser_options) == OPTIONS_BEFORE_MOVE
+    # ... and they are the library's (what `--job-schema bounded` gives the CLI's local model).
+    assert reader.json_schema == bounded_job_schema() and reader.parser_options == BOUNDED_JOB_PARSER_OPTIONS
+    assert job_schema("bounded") == (reader.json_schema, reader.parser_options)
+
+
 @pytest.fixture
 def reader(monkeypatch: pytest.MonkeyPatch) -> str:
     """reader-small as committed with lmforge, else a build named by $LMFORGE_TEST_READER."""

@@ -39,7 +39,6 @@ as ``lmforge bench minions``).
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,23 +53,21 @@ TOY_MODEL = "zoo:reader-small"
 
 
 def smollm2_job_schema() -> dict[str, Any]:
-    """The ``JobOutput`` schema with bounded strings, for a 135M worker.
+    """The ``JobOutput`` schema with bounded strings, for a 135M worker: the library's
+    :func:`lmforge.methods.minions.jobs.bounded_job_schema` (its NOTE says why and how it was measured),
+    also what ``lmforge agent minions --job-schema bounded`` decodes under."""
+    from lmforge.methods.minions.jobs import bounded_job_schema
 
-    NOTE: the official worker schema is ``JobOutput`` with free strings (explanation, citation,
-    answer, in that order). Decoded under it, SmolLM2-135M never closes its explanation (measured: 4
-    of 4 replies ran to the token limit repeating a sentence, so no job output survived), so the
-    strings are bounded: explanation 60 characters, citation 120 (the report's fact sentences are
-    70-95), answer 20. The key order is the official one, enforced (lm-format-enforcer's
-    ``force_json_field_order``), and the library's whitespace allowance is lowered from 12 consecutive
-    characters to 2 (with 12, replies ended in a dozen newlines, each a decode step).
-    """
-    from lmforge.methods.minions.jobs import JOB_OUTPUT_SCHEMA
+    return bounded_job_schema()
 
-    schema = copy.deepcopy(JOB_OUTPUT_SCHEMA)
-    schema["properties"]["explanation"] = {"type": "string", "maxLength": 60}
-    schema["properties"]["citation"] = {"anyOf": [{"type": "string", "maxLength": 120}, {"type": "null"}]}
-    schema["properties"]["answer"] = {"anyOf": [{"type": "string", "maxLength": 20}, {"type": "null"}]}
-    return schema
+
+def smollm2_parser_options() -> dict[str, Any]:
+    """lm-format-enforcer options of :func:`smollm2_job_schema`'s constraint (official key order
+    enforced, at most 2 consecutive whitespace characters): the library's
+    :data:`lmforge.methods.minions.jobs.BOUNDED_JOB_PARSER_OPTIONS`."""
+    from lmforge.methods.minions.jobs import BOUNDED_JOB_PARSER_OPTIONS
+
+    return dict(BOUNDED_JOB_PARSER_OPTIONS)
 
 
 @dataclass(frozen=True)
@@ -121,7 +118,7 @@ READERS: dict[str, Reader] = {
     # metrics at that size (table 2).
     "smollm2": Reader(spec=MODEL, label="SmolLM2-135M-Instruct", dtype="auto", chunk_chars=5000, max_tokens=80,
                       batch_size=16, constrain_json=True, json_schema=smollm2_job_schema(),
-                      parser_options={"max_consecutive_whitespaces": 2, "force_json_field_order": True}),
+                      parser_options=smollm2_parser_options()),
     # NOTE: unconstrained decoding, as when reader-small's results were measured: it was trained to
     # write the JobOutput JSON itself; 400-character chunks are inside the 100-600 it was trained on.
     "reader-small": Reader(spec=TOY_MODEL, label="reader-small (0.76M)", dtype="float32", chunk_chars=400,

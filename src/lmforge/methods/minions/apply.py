@@ -77,7 +77,8 @@ def is_local_model(spec: str) -> bool:
 
 def make_client(spec: str, *, base_url: str | None = None, key_env: str = "OPENAI_API_KEY",
                 require_key: bool = True, max_tokens: int = 256, timeout: float = 60.0,
-                max_retries: int = 3, json_schema: dict[str, Any] | None = None) -> ChatClient:
+                max_retries: int = 3, json_schema: dict[str, Any] | None = None,
+                json_parser_options: dict[str, Any] | None = None, dtype: str = "float32") -> ChatClient:
     """A chat client for ``spec``.
 
     Args:
@@ -90,16 +91,26 @@ def make_client(spec: str, *, base_url: str | None = None, key_env: str = "OPENA
         timeout, max_retries: per request, for served models.
         json_schema: for an in-process model, the schema its ``json_mode`` replies are decoded under
             (the MINIONS worker: :data:`~lmforge.methods.minions.jobs.JOB_OUTPUT_SCHEMA`); None: any
-            JSON object.
+            JSON object. A served model gets ``response_format={"type": "json_object"}`` and no schema.
+        json_parser_options: for an in-process model, lm-format-enforcer options of that constraint
+            (with :func:`~lmforge.methods.minions.jobs.bounded_job_schema`:
+            :data:`~lmforge.methods.minions.jobs.BOUNDED_JOB_PARSER_OPTIONS`); a served model cannot take
+            them.
+        dtype: for an in-process model, the loading dtype (``auto``, ``float32``, ``bfloat16``;
+            :func:`lmforge.common.runtime.resolve_dtype`).
 
     Raises:
-        UserError: a served model without ``base_url``, a missing key.
+        UserError: a served model without ``base_url``, a missing key, parser options for a served model.
     """
     if base_url is None and is_local_model(spec):
-        return HFChatClient.from_spec(spec, max_tokens=max_tokens, json_schema=json_schema)
+        return HFChatClient.from_spec(spec, max_tokens=max_tokens, json_schema=json_schema,
+                                      json_parser_options=json_parser_options, dtype=dtype)
     if base_url is None:
         raise UserError(f"{spec!r} is not zoo:NAME, real:NAME, a local model folder or a .gguf file; give "
                         "the server's URL (--remote-base-url / --local-base-url) to use it as a served model")
+    if json_parser_options:
+        raise UserError(f"{spec!r} is served at {base_url}: its replies cannot be decoded under lm-format-enforcer "
+                        "parser options (the OpenAI-compatible client sends only response_format json_object)")
     return OpenAIChatClient(base_url, spec, api_key_env=key_env, require_key=require_key, timeout=timeout,
                             max_retries=max_retries, max_tokens=max_tokens)
 

@@ -23,6 +23,7 @@ pydantic's validation: the parent checks the types of what comes back).
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from dataclasses import dataclass
@@ -33,6 +34,11 @@ __all__ = [
     "JobManifest",
     "JobOutput",
     "JOB_OUTPUT_SCHEMA",
+    "JOB_SCHEMAS",
+    "BOUNDED_JOB_LIMITS",
+    "BOUNDED_JOB_PARSER_OPTIONS",
+    "bounded_job_schema",
+    "job_schema",
     "SANDBOX_NAMES",
     "chunk_by_heading",
     "chunk_by_page",
@@ -111,6 +117,59 @@ JOB_OUTPUT_SCHEMA: Dict[str, Any] = {
     },
     "required": ["explanation", "citation", "answer"],
 }
+
+# The worker reply schemas an in-process local model can decode under (``--job-schema``).
+JOB_SCHEMAS: Tuple[str, ...] = ("official", "bounded")
+
+# :func:`bounded_job_schema`'s string limits (characters) and the lm-format-enforcer parser options
+# that go with it (:class:`~lmforge.methods.minions.clients.HFChatClient`'s ``json_parser_options``).
+BOUNDED_JOB_LIMITS: Dict[str, int] = {"explanation": 60, "citation": 120, "answer": 20}
+BOUNDED_JOB_PARSER_OPTIONS: Dict[str, Any] = {"max_consecutive_whitespaces": 2, "force_json_field_order": True}
+
+
+def bounded_job_schema(explanation: int = BOUNDED_JOB_LIMITS["explanation"],
+                       citation: int = BOUNDED_JOB_LIMITS["citation"],
+                       answer: int = BOUNDED_JOB_LIMITS["answer"]) -> Dict[str, Any]:
+    """The ``JobOutput`` schema with bounded strings, for a small (~100M) in-process worker.
+
+    NOTE: the official worker schema is :data:`JOB_OUTPUT_SCHEMA`, free strings (explanation,
+    citation, answer, in that order). Decoded under it, SmolLM2-135M never closes its explanation
+    (measured: 4 of 4 replies ran to the token limit repeating a sentence, and MINIONS drops a
+    cut-off job output, so none survived), so the strings are bounded: by default explanation 60
+    characters, citation 120 (the synthetic reports' fact sentences are 70-95), answer 20. Use it
+    with :data:`BOUNDED_JOB_PARSER_OPTIONS`: the key order is the official one, enforced
+    (lm-format-enforcer's ``force_json_field_order``), and the library's whitespace allowance is
+    lowered from 12 consecutive characters to 2 (with 12, replies ended in a dozen newlines, each
+    a decode step). ``citation`` and ``answer`` stay nullable, all three stay required.
+
+    Args:
+        explanation, citation, answer: the most characters of each string.
+    """
+    for name, value in (("explanation", explanation), ("citation", citation), ("answer", answer)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"the {name} bound must be an integer >= 1, got {value!r}")
+    schema = copy.deepcopy(JOB_OUTPUT_SCHEMA)
+    schema["properties"]["explanation"] = {"type": "string", "maxLength": explanation}
+    schema["properties"]["citation"] = {"anyOf": [{"type": "string", "maxLength": citation}, {"type": "null"}]}
+    schema["properties"]["answer"] = {"anyOf": [{"type": "string", "maxLength": answer}, {"type": "null"}]}
+    return schema
+
+
+def job_schema(name: str) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]]]:
+    """``(json_schema, json_parser_options)`` of the worker reply schema ``name`` (:data:`JOB_SCHEMAS`).
+
+    ``official``: :data:`JOB_OUTPUT_SCHEMA` (the paper's and the official code's free strings) and no
+    parser options (the library's defaults); ``bounded``: :func:`bounded_job_schema` and
+    :data:`BOUNDED_JOB_PARSER_OPTIONS`. Both are fresh copies.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if name == "official":
+        return copy.deepcopy(JOB_OUTPUT_SCHEMA), None
+    if name == "bounded":
+        return bounded_job_schema(), dict(BOUNDED_JOB_PARSER_OPTIONS)
+    raise ValueError(f"unknown job schema {name!r}; use one of {', '.join(JOB_SCHEMAS)}")
 
 
 @dataclass
