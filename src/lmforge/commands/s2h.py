@@ -79,7 +79,7 @@ def s2h_train(
     budget: Annotated[int, typer.Option(help="Training examples in total, composed and split across epochs as combine_data.py does.")] = 6400,
     base: Annotated[Path | None, typer.Option(help="Base VLM folder (default: the committed vlm-nano).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the data and the batch order.")] = 0,
-    lr: Annotated[float, typer.Option(help="Peak learning rate (cosine, 3% warm-up).")] = 3e-4,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (cosine, 3% warm-up); the reproduction's fine-tuning lr (see its NOTE).")] = 1e-3,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing --out folder.")] = False,
 ) -> None:
     """Fine-tune a tiny VLM on miniature Table Readout with one supervision strategy."""

@@ -58,6 +58,7 @@ class ArmResult:
     converted_hard_image: float
     alignment: list[dict[str, Any]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
+    roles: dict[str, float] = field(default_factory=dict)  # response_token_accuracy on role_examples
     model: Any = None  # the trained model, with run_arm(keep_model=True)
 
     @property
@@ -81,16 +82,78 @@ def evaluate(model, tok, puzzles: dict[str, list[mini.Puzzle]]) -> tuple[dict[st
     return acc, conv
 
 
+ROLES = ("conversion", "cell", "value", "total", "answer", "format")
+
+
+def response_roles(gpt: str) -> list[str]:
+    """The role of each response word of a miniature record, then ``format`` for EOS.
+
+    ``conversion``: the words of an image-via-text conversion (``convert`` + the text table);
+    in each CoT line ``cell value running-total... ;`` the ``cell`` (path following: which cell comes
+    next), the ``value`` (reading that cell) and the ``total`` digits (the addition); ``answer``: the
+    digits after ``answer``; ``format``: ``enumerate``, ``;``, ``answer`` and EOS."""
+    roles: list[str] = []
+    words = gpt.split()
+    in_conv, line = words[:1] == ["convert"], -1
+    after_answer = False
+    for w in words:
+        if w == "enumerate":
+            in_conv = False
+            roles.append("format")
+        elif in_conv:
+            roles.append("conversion")
+        elif w in (";", "answer"):
+            line, after_answer = -1, w == "answer"
+            roles.append("format")
+        elif after_answer:
+            roles.append("answer")
+        elif line == -1 and w in vlm._CELLS:
+            line = 0
+            roles.append("cell")
+        else:
+            line += 1
+            roles.append("value" if line == 1 else "total")
+    return roles + ["format"]
+
+
+@torch.no_grad()
+def response_token_accuracy(model, tok, examples: list[Example], batch_size: int = 32) -> dict[str, float]:
+    """Teacher-forced argmax accuracy of the response tokens, per :func:`response_roles` role.
+
+    The diagnostic that separates the sub-skills of a CoT (which cell comes next, reading it, adding)
+    when greedy accuracy is 0 (issue 27: cells stayed at 0.08 while values reached 0.98)."""
+    hits: dict[str, list[bool]] = {}
+    was = model.training
+    model.eval()
+    for s in range(0, len(examples), batch_size):
+        idx = list(range(s, min(s + batch_size, len(examples))))
+        batch = make_batch(tok, examples, idx)
+        pred = model(**{k: v for k, v in batch.items() if k != "labels"}).logits[:, :-1].argmax(-1)
+        lab = batch["labels"][:, 1:]
+        for row, i in enumerate(idx):
+            pos = (lab[row] != -100).nonzero().flatten().tolist()
+            roles = response_roles(examples[i][1])
+            if len(roles) != len(pos):
+                raise ValueError("response_token_accuracy needs records without masked response words")
+            for role, p in zip(roles, pos):
+                hits.setdefault(role, []).append(bool(pred[row, p] == lab[row, p]))
+    model.train(was)
+    return {r: round(sum(hits[r]) / len(hits[r]), 4) for r in ROLES if r in hits}
+
+
 def run_arm(base, tok, strategy: str, budget: int, pools: dict[tuple[str, str], list[Example]],
             eval_puzzles: dict[str, list[mini.Puzzle]], hard_probe: dict[str, torch.Tensor], seed: int,
             cfg: TrainConfig | None = None, probes_per_phase: int = 4, probe_batch: int = 32,
             keep_model: bool = False, progress: bool = False,
-            loss_puzzles: list[mini.Puzzle] | None = None) -> ArmResult:
+            loss_puzzles: list[mini.Puzzle] | None = None,
+            role_examples: list[Example] | None = None) -> ArmResult:
     """Train a copy of ``base`` on ``strategy`` for ``budget`` examples and evaluate it.
 
     Each alignment probe records :func:`align.probe`'s statistics (``cos``, ``drop``, ``ratio``, the
     gradient norms); with ``loss_puzzles`` (HARD puzzles) also the §5 HARD-image loss decomposition
-    (``loss_conversion``, ``loss_reasoning``, ``loss_direct``: :func:`align.hard_image_losses`)."""
+    (``loss_conversion``, ``loss_reasoning``, ``loss_direct``: :func:`align.hard_image_losses`).
+    With ``role_examples`` the trained model's teacher-forced accuracy per CoT role
+    (:func:`response_token_accuracy`) is recorded in ``roles``."""
     model = copy.deepcopy(base)
     cfg = cfg or TrainConfig(seed=seed)
     phases = supervision.plan(strategy, budget)
@@ -125,6 +188,7 @@ def run_arm(base, tok, strategy: str, budget: int, pools: dict[tuple[str, str], 
         steps += len(ls)
     secs = time.time() - t0
     acc, conv = evaluate(model, tok, eval_puzzles)
+    roles = response_token_accuracy(model, tok, role_examples) if role_examples else {}
     return ArmResult(strategy=strategy, seed=seed, budget=budget, steps=steps, train_seconds=round(secs, 1),
-                     accuracy=acc, converted_hard_image=conv, alignment=aligns, losses=losses,
+                     accuracy=acc, converted_hard_image=conv, alignment=aligns, losses=losses, roles=roles,
                      model=model if keep_model else None)

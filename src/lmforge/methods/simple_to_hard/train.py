@@ -13,6 +13,9 @@ both).
 # NOTE: the official learning rate (2e-5, batch 128) fine-tunes an 8B model; a ~1M-parameter model
 # trained for minutes needs a larger step: lr 3e-4, batch 32. Measured here: at 1e-3 the image path
 # never learned even to read one fixed cell in 200 steps (loss at chance), at 3e-4 it did in 100.
+# That is pretraining from random weights; fine-tuning the pretrained base on a strategy learns path
+# following faster at 1e-3 (the reproduction's ``FINETUNE_LR`` NOTE has the numbers), so the
+# reproduction and ``lmforge train s2h`` pass lr 1e-3 and this default stays the pretraining lr.
 
 Pretraining (:func:`pretraining_examples`) covers only generic skills, so it does not decide which
 supervision strategy wins: reading one cell (its digit and whether it is highlighted) from the image
