@@ -128,3 +128,17 @@ def test_the_check_counts_tokens_as_the_in_process_model_reads_them(nano) -> Non
     client.limit = n + 7
     with pytest.raises(UserError, match=f"{n} tokens"):
         check_unchunked_fit([item], client, ["local-only"])
+
+
+def test_run_bench_with_its_progress_bar_runs_and_scores(tmp_path: Path, monkeypatch) -> None:
+    """progress=True (what `lmforge bench minions` and `reproduce minions` use outside tests) draws lmforge's
+    bar, whose columns read an ``info`` field: the bench's task must carry one (it crashed with KeyError
+    'info' before any question ran)."""
+    from lmforge.eval.longdoc import synthetic_docqa
+    from lmforge.methods.minions.oracle import ORACLE_NAME, reader_client
+
+    monkeypatch.setenv("LMFORGE_NO_PROGRESS", "0")  # the suite switches bars off; this test needs one drawn
+    items = synthetic_docqa(1, seed=0, doc_chars=4000, hops=2)
+    setup = BenchSetup(local="scripted-reader", remote=ORACLE_NAME, data="synthetic", protocols=["remote-only"])
+    data = run_bench(items, reader_client(), oracle_client(), tmp_path / "run", setup, progress=True)
+    assert data["summary"]["remote-only"]["n"] == 1 and data["summary"]["remote-only"]["accuracy"] == 1.0

@@ -159,7 +159,7 @@ def run_bench(items: Sequence[DocQA], local: ChatClient | None, remote: ChatClie
     from lmforge.common.progress import make_progress
 
     prog = make_progress() if progress else None
-    task = prog.add_task("minions bench", total=len(todo)) if prog else None
+    task = prog.add_task("minions bench", total=len(todo), info="") if prog else None
     if prog:
         prog.start()
     try:
