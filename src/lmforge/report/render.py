@@ -172,7 +172,7 @@ def _copy_figures(results: Sequence[ClaimResult], root: Path) -> list[list[_Fig]
 def _markdown(results: Sequence[ClaimResult], figures: list[list[_Fig]], title: str) -> str:
     lines = [f"# {title}", ""]
     held = sum(bool(r.held) for r in results)
-    lines += [f"{held} of {len(results)} claims held in miniature.", ""]
+    lines += [f"{held} of {len(results)} claims held (each under the condition its section states).", ""]
     if results:
         lines += _md_table(
             ["reproduction", "paper", "held", "seconds"],
@@ -182,7 +182,7 @@ def _markdown(results: Sequence[ClaimResult], figures: list[list[_Fig]], title: 
     for r, figs in zip(results, figures, strict=True):
         lines += [f"## {r.name}: {r.title}", ""]
         lines += [f"**Claim.** {r.claim}", ""]
-        lines += [f"**Result:** {_held_text(r.held)} in miniature.", ""]
+        lines += [f"**Result:** {_held_text(r.held)}.", ""]
         lines += _md_table(["metric", "paper", "measured"], _metric_rows(r))
         lines.append("")
         for t in r.tables:
@@ -219,7 +219,7 @@ def _html(results: Sequence[ClaimResult], figures: list[list[_Fig]], title: str,
         f"<h1>{_esc(title)}</h1>",
     ]
     held = sum(bool(r.held) for r in results)
-    parts.append(f'<p class="meta">{held} of {len(results)} claims held in miniature.</p>')
+    parts.append(f'<p class="meta">{held} of {len(results)} claims held (each under the condition its section states).</p>')
     if results:
         rows = []
         for r in results:
@@ -238,7 +238,7 @@ def _html(results: Sequence[ClaimResult], figures: list[list[_Fig]], title: str,
         parts.append(f'<section id="{_esc(_slug(r.name))}">')
         parts.append(f"<h2>{_esc(r.name)}: {_esc(r.title)}</h2>")
         parts.append(f'<p class="claim"><strong>Claim.</strong> {_esc(r.claim)}</p>')
-        parts.append(f'<p><strong>Result:</strong> <span class="{cls}">{_esc(_held_text(r.held))}</span> in miniature.</p>')
+        parts.append(f'<p><strong>Result:</strong> <span class="{cls}">{_esc(_held_text(r.held))}</span>.</p>')
         parts.append(_html_table(["metric", "paper", "measured"], _metric_rows(r), cls="metrics"))
         for t in r.tables:
             parts.append(f"<h3>{_esc(t.title)}</h3>")

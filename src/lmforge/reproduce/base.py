@@ -2,8 +2,8 @@
 
 Each paper's module registers one function ``run(cfg: ReproduceOptions) -> ClaimResult``. A result
 holds the paper's claim in one sentence, the paper's numbers, our measured numbers, and whether the
-claim's *direction* held in miniature (absolute numbers from tiny CPU models are not comparable to
-the paper's, the direction is).
+claim held under a condition fixed in code before the run (on a miniature or on a small real model:
+absolute numbers are not comparable to the paper's, the direction is).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class ClaimResult:
         claim: the paper's headline claim in one sentence.
         paper: the paper's numbers, by metric.
         measured: our numbers, by metric.
-        held: whether the claim's direction held in miniature.
+        held: whether the claim held under the condition the reproduction wrote down before running.
         tables: tables for the report.
         figures: PNG figures for the report.
         notes: caveats (what differs from the paper's setting and why).
