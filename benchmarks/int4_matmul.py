@@ -123,11 +123,24 @@ def _codebook_grid(w: torch.Tensor, bits: int):
     return CodebookQuantized(codes, lo + step * torch.arange(k, dtype=w.dtype), bits)
 
 
-def part_decode(runs: int, new_tokens: int) -> dict:
+def packed_copy(model: torch.nn.Module, quantize) -> torch.nn.Module:
+    """A copy of ``model`` whose every decoder linear is packed from ``quantize(weight)`` (the tied
+    head and the embeddings stay dense)."""
     from lmforge.common.calibration import get_decoder_layers, linear_modules
     from lmforge.common.compress import CompressionResult, get_weight
-    from lmforge.common.qlinear import CodebookQuantLinear, set_kernel
     from lmforge.compression import pack_model
+
+    m = copy.deepcopy(model)
+    result = CompressionResult(method="speed", config={})
+    for i, layer in enumerate(get_decoder_layers(m)):
+        for name, mod in linear_modules(layer).items():
+            result.quantized[f"model.layers.{i}.{name}"] = quantize(get_weight(mod))
+    pack_model(m, result)
+    return m
+
+
+def part_decode(runs: int, new_tokens: int) -> dict:
+    from lmforge.common.qlinear import CodebookQuantLinear, set_kernel
     from lmforge.models.load import load
 
     model, tok = load("real:smollm2-135m-instruct", dtype="float32")
@@ -135,18 +148,9 @@ def part_decode(runs: int, new_tokens: int) -> dict:
     ids = torch.tensor([tok.apply_chat_template([{"role": "user", "content": "Write a short story about a cat."}],
                                                 add_generation_prompt=True, tokenize=True, return_dict=False)])
 
-    def packed_copy(quantize) -> torch.nn.Module:
-        m = copy.deepcopy(model)
-        result = CompressionResult(method="speed", config={})
-        for i, layer in enumerate(get_decoder_layers(m)):
-            for name, mod in linear_modules(layer).items():
-                result.quantized[f"model.layers.{i}.{name}"] = quantize(get_weight(mod))
-        pack_model(m, result)
-        return m
-
-    packed = packed_copy(lambda w: quantize_rtn(w, 4, GROUP, sym=False))
-    cb4 = packed_copy(lambda w: _codebook_grid(w, 4))
-    cb3 = packed_copy(lambda w: _codebook_grid(w, 3))
+    packed = packed_copy(model, lambda w: quantize_rtn(w, 4, GROUP, sym=False))
+    cb4 = packed_copy(model, lambda w: _codebook_grid(w, 4))
+    cb3 = packed_copy(model, lambda w: _codebook_grid(w, 3))
     mods = [m for m in packed.modules() if isinstance(m, UniformQuantLinear)]
     reasons = {r for m in mods if (r := m.int4_reason())}
     native_reasons = {r for m in [*mods, *cb4.modules()] if hasattr(m, "native_reason") and (r := m.native_reason())}

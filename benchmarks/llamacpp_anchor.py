@@ -5,6 +5,10 @@ tokens at batch 1 from the same chat prompt (the same token ids), 2 threads,
 
 - lmforge / PyTorch on the dense model converted from the packaged GGUF, float32 and bfloat16, with
   a KV cache (the ``decode`` part of ``benchmarks/int4_matmul.py``);
+- lmforge's packed models on its compiled kernel (``kernel="native"``): RTN-4 groups of 64 of that
+  dense model, computing in float32 and as a bfloat16 model, and 3-bit per-row codebooks (per-channel
+  min-max grids written as codebooks: the GANQ format, not GANQ's codebooks), as in
+  ``benchmarks/int4_matmul.py``'s decode part (``--no-packed`` skips them);
 - llama.cpp through llama-cpp-python on the packaged GGUF file itself (Q4_1 linears, Q8_0
   embedding), in a separate interpreter given by ``--llama-python`` (a venv where llama-cpp-python
   is installed; it builds llama.cpp from source with CMake at install, so lmforge never depends on
@@ -15,7 +19,7 @@ reported as tokens per second and as ratios to lmforge's dense float32 decode fr
 token sequences are compared too: llama.cpp's Q4_1 kernels quantize activations to 8 bits, so its
 greedy tokens may differ from the dequantized float model's.
 
-    python benchmarks/llamacpp_anchor.py --llama-python /path/to/venv/bin/python [--runs 3] [--new-tokens 32]
+    python benchmarks/llamacpp_anchor.py --llama-python /path/to/venv/bin/python [--runs 3] [--new-tokens 32] [--no-packed]
 """
 
 from __future__ import annotations
@@ -89,6 +93,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--no-packed", action="store_true",
+                        help="skip lmforge's packed models on its compiled kernel (dense rows and llama.cpp only)")
     args = parser.parse_args(argv)
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)
@@ -120,6 +126,27 @@ def main(argv: list[str] | None = None) -> dict:
     paths = {"lmforge_dense_fp32": lambda: torch_decode(model, ids_t, args.new_tokens),
              "lmforge_dense_bf16": lambda: torch_decode(bf16, ids_t, args.new_tokens),
              "llamacpp_q4_1_gguf": llama_run}
+    if not args.no_packed:
+        # lmforge's packed models on its compiled kernel (as int4_matmul.py's decode part): RTN-4 g64 of
+        # the dense model (computing in float32, and a bfloat16 model), and 3-bit per-row codebooks.
+        from int4_matmul import GROUP, _codebook_grid, packed_copy
+        from lmforge.common import lut_kernel
+        from lmforge.common.qlinear import set_kernel
+        from lmforge.common.quant import quantize_rtn
+
+        if not lut_kernel.available():
+            raise SystemExit(f"the compiled kernel is unavailable ({lut_kernel.unavailable_reason()}); "
+                             "rerun with --no-packed")
+        rtn4 = packed_copy(model, lambda w: quantize_rtn(w, 4, GROUP, sym=False))
+        rtn4_bf16 = copy.deepcopy(rtn4).to(torch.bfloat16)
+        cb3 = packed_copy(model, lambda w: _codebook_grid(w, 3))
+        for m in (rtn4, rtn4_bf16, cb3):
+            set_kernel(m, "native")
+        paths.update({
+            f"lmforge_rtn4_g{GROUP}_compiled_fp32": lambda: torch_decode(rtn4, ids_t, args.new_tokens),
+            f"lmforge_rtn4_g{GROUP}_compiled_bf16": lambda: torch_decode(rtn4_bf16, ids_t, args.new_tokens),
+            "lmforge_codebook3_compiled_fp32": lambda: torch_decode(cb3, ids_t, args.new_tokens),
+        })
     for fn in paths.values():  # warm-up
         fn()
     res: dict[str, list[tuple[list[int], float, float]]] = {k: [] for k in paths}
@@ -143,10 +170,12 @@ def main(argv: list[str] | None = None) -> dict:
                              capture_output=True, text=True, check=True).stdout.strip()
     result = {"model": "real:smollm2-135m-instruct", "gguf": gguf.name, "llama_cpp_python": version,
               "threads": args.threads, "prompt_tokens": len(ids), "new_tokens": args.new_tokens, "runs": args.runs,
+              "packed_models": None if args.no_packed else
+              "decoder linears packed (210), tied head dense; codebook3 = per-row min-max grids as codebooks",
               "rows": rows}
     result = save_result(args.out, result, t_start)
     for r in rows:
-        print(f"{r['path']:22s} decode {r['decode_tokens_per_s']:6.1f} tok/s ({r['decode_speedup_vs_lmforge_fp32']:.2f}x "
+        print(f"{r['path']:34s} decode {r['decode_tokens_per_s']:6.1f} tok/s ({r['decode_speedup_vs_lmforge_fp32']:.2f}x "
               f"fp32), prefill {r['prefill_tokens_per_s']:7.1f} tok/s, tokens equal to fp32: "
               f"{r['tokens_matching_lmforge_fp32']}/{args.new_tokens}")
     return result

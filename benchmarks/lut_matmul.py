@@ -13,7 +13,9 @@ reported with the bytes holding the weight, both also as ratios to dense float32
 
 A second part (``tokens``) times the compiled 4-bit codebook and uniform layers at 4096 x 4096 and
 576 x 576 for 1..32 tokens through their GEMV and through their dequantize-a-block-then-``F.linear``
-path (where ``GEMV_MAX_TOKENS`` comes from), beside dense float32.
+path (where ``GEMV_MAX_TOKENS`` comes from), beside dense float32. A third part (``call_cost``)
+splits a small layer's warm per-call time into the C kernel, the ctypes crossing, the output
+allocation and the module's Python dispatch, beside ``F.linear`` and an ``nn.Linear`` call.
 End-to-end SmolLM2 decode rows are in ``benchmarks/int4_matmul.py``.
 
     python benchmarks/lut_matmul.py [--out benchmarks/results/lut_matmul.json] [--threads 2] [--quick]
@@ -178,6 +180,50 @@ def bench_tokens(runs: int, token_counts=(1, 4, 8, 16, 32)) -> list[dict]:
     return rows
 
 
+def bench_call_cost(repeat: int = 50, runs: int = 200) -> list[dict]:
+    """Where a small layer's time goes (warm caches: each sample is ``repeat`` back-to-back calls).
+
+    For SmolLM2's k/v (192 x 576) and q/o (576 x 576) shapes, the uniform 4-bit g128 compiled layer:
+    dense ``F.linear`` and an ``nn.Linear`` module call (the baselines), the packed module call, its
+    compiled view's ``run`` (dtype/shape checks, output allocation, the C call), the bare ctypes call
+    into preallocated memory (the C kernel plus the ctypes crossing), a no-argument ctypes call (the
+    crossing alone) and ``torch.empty`` of the output."""
+    rows = []
+    for out_f, in_f in ((192, 576), (576, 576)):
+        torch.manual_seed(0)
+        w = torch.randn(out_f, in_f) * 0.02
+        x = torch.randn(1, in_f)
+        lin = torch.nn.Linear(in_f, out_f, bias=False).requires_grad_(False)
+        with torch.no_grad():
+            lin.weight.copy_(w)
+        m = UniformQuantLinear.from_quantized(quantize_rtn(w, 4, 128, sym=False), kernel="native")
+        with torch.inference_mode():
+            m(x)
+            nat = m._native[1]
+            assert nat is not None
+            y = torch.empty(1, out_f)
+            gemv, addr, xp, yp, noop = nat.lib.gemv, nat.addr, x.data_ptr(), y.data_ptr(), nat.lib.dll.lut_abi
+            gemv(addr, xp, yp, 1, 1)
+            ref = (x.double() @ m.dequantize_weight().double().T).float()
+            assert float((y - ref).abs().max()) < 1e-4 * max(1.0, float(ref.abs().max()))
+
+            def rep(fn):
+                def go():
+                    for _ in range(repeat):
+                        fn()
+                return go
+
+            fns = {"dense_fp32_F.linear": rep(lambda: F.linear(x, w)), "dense_fp32_nn_linear": rep(lambda: lin(x)),
+                   "uniform4_g128_module": rep(lambda: m(x)), "uniform4_g128_view_run": rep(lambda: nat.run(x)),
+                   "uniform4_g128_ctypes_gemv": rep(lambda: gemv(addr, xp, yp, 1, 1)),
+                   "ctypes_noop_call": rep(lambda: noop()), "torch_empty_output": rep(lambda: torch.empty(1, out_f))}
+            times = time_interleaved(fns, runs)
+        base = statistics.median(times["dense_fp32_F.linear"])
+        rows += [{"shape": [out_f, in_f], "path": n, "median_us_per_call": statistics.median(ts) / repeat * 1e6,
+                  "time_vs_dense_fp32": statistics.median(ts) / base} for n, ts in times.items()]
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "lut_matmul.json"))
@@ -204,6 +250,9 @@ def main(argv: list[str] | None = None) -> dict:
     for r in tokens:
         print(f"{r['shape']!s:>12} tokens {r['tokens']:>3} {r['path']:<22} {r['median_ms']:>9.3f} ms  "
               f"x{r['time_vs_dense_fp32']:.2f} of fp32")
+    call_cost = [] if args.quick else bench_call_cost()
+    for r in call_cost:
+        print(f"{r['shape']!s:>12} {r['path']:<28} {r['median_us_per_call']:>7.2f} us/call  x{r['time_vs_dense_fp32']:.2f} of fp32")
     result = {
         "benchmark": "batch-1 matmul from packed quantized weights vs dense F.linear",
         "input": "one token (1 x in), float32 (bfloat16 for dense_bf16)",
@@ -213,6 +262,7 @@ def main(argv: list[str] | None = None) -> dict:
         "quick": args.quick,
         "results": rows,
         "tokens": tokens,
+        "call_cost": call_cost,
         "native_kernel": lut_kernel.features(),
         "gemv_max_tokens": lut_kernel.GEMV_MAX_TOKENS,
         "parallel_min_macs": lut_kernel.PARALLEL_MIN_MACS,
