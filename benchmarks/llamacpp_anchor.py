@@ -93,9 +93,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--llama-env", action="append", default=None, metavar="KEY=VALUE",
+                        help="set (KEY=VALUE) or unset (KEY=) a variable for the llama.cpp worker only. Default: "
+                             "OMP_WAIT_POLICY= (unset: llama.cpp's ggml threads are OpenMP threads and would "
+                             "otherwise inherit lmforge's PASSIVE, which a llama.cpp user does not set)")
     parser.add_argument("--no-packed", action="store_true",
                         help="skip lmforge's packed models on its compiled kernel (dense rows and llama.cpp only)")
     args = parser.parse_args(argv)
+    if args.llama_env is None:
+        args.llama_env = ["OMP_WAIT_POLICY="]
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)
 
@@ -111,8 +117,18 @@ def main(argv: list[str] | None = None) -> dict:
                                   add_generation_prompt=True, tokenize=True, return_dict=False)
     ids_t = torch.tensor([ids])
 
+    import os
+
+    worker_env = dict(os.environ)
+    for kv in args.llama_env:
+        key, _, val = kv.partition("=")
+        if val:
+            worker_env[key] = val
+        else:
+            worker_env.pop(key, None)
     worker = subprocess.Popen([args.llama_python, "-c", LLAMA_WORKER, str(gguf), str(args.threads),
-                               str(args.new_tokens)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                               str(args.new_tokens)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env=worker_env)
     assert worker.stdin is not None and worker.stdout is not None
     if json.loads(worker.stdout.readline()).get("ready") is not True:
         raise RuntimeError("the llama.cpp worker did not start")
@@ -169,7 +185,9 @@ def main(argv: list[str] | None = None) -> dict:
     version = subprocess.run([args.llama_python, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
                              capture_output=True, text=True, check=True).stdout.strip()
     result = {"model": "real:smollm2-135m-instruct", "gguf": gguf.name, "llama_cpp_python": version,
-              "threads": args.threads, "prompt_tokens": len(ids), "new_tokens": args.new_tokens, "runs": args.runs,
+              "threads": args.threads,
+              "llama_worker_env": {kv.partition("=")[0]: kv.partition("=")[2] or None for kv in args.llama_env},
+              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "prompt_tokens": len(ids), "new_tokens": args.new_tokens, "runs": args.runs,
               "packed_models": None if args.no_packed else
               "decoder linears packed (210), tied head dense; codebook3 = per-row min-max grids as codebooks",
               "rows": rows}
