@@ -171,6 +171,80 @@ def test_drills_are_not_read_in_table_order():
     assert in_order < 0.05 * len(ex)
 
 
+def test_pretraining_add_share_sets_the_mix_and_keeps_the_default_stream():
+    base = T.pretraining_examples(400, seed=3)
+    assert [x[:2] for x in base] == [x[:2] for x in T.pretraining_examples(400, seed=3, add_share=0.2)]
+    half = T.pretraining_examples(2000, seed=3, add_share=0.5)
+    adds = sum(e[0].startswith("add") for e in half)
+    images = sum(e[2] is not None for e in half)
+    assert 900 < adds < 1100 and 400 < images < 600  # reads stay half image, half text
+
+
+# --- phase-2 spatial drills ------------------------------------------------------------------------
+
+
+def _grid_neighbours(name):
+    """Independent: every cell at Manhattan distance 1, listed up / right / down / left."""
+    r, c = "abcdef".index(name[0]), int(name[1]) - 1
+    cells = {(rr, cc) for rr in range(6) for cc in range(6) if abs(rr - r) + abs(cc - c) == 1}
+    order = [(r - 1, c), (r, c + 1), (r + 1, c), (r, c - 1)]
+    return [q for q in order if q in cells]
+
+
+def _name(q):
+    return f"{'abcdef'[q[0]]}{q[1] + 1}"
+
+
+def test_spatial_drills_are_correct_generic_and_equal_across_modalities():
+    ex = T.spatial_examples(600, seed=0)
+    kinds = collections.Counter()
+    isolated = tables = 0
+    task_words = {"path", "total", "enumerate", "answer", "yellow", "star", "convert", "?", ";"}
+    for e in ex:
+        human, gpt, img = e[0], e[1], e[2]
+        words = (human + " " + gpt).split()
+        assert all(w in set(mini.WORDS) for w in words) and not task_words & set(words)
+        assert len(e) == 3  # no masking: every response word follows from the prompt
+        if human.startswith("read"):
+            kinds["adjacent"] += 1
+            _, name, to = human.split()
+            assert to == "to" and img is None
+            assert gpt.split() == [_name(q) for q in _grid_neighbours(name)]
+            continue
+        if img is not None:
+            head, query = human.split(" read ")
+            assert head == "<image> image"
+            table, lit = mini.decode_image(img)
+        else:
+            w = human.split()
+            assert w[72:74] == ["table", "read"]
+            table, lit = _parse_text_table(w[:72])
+            query = " ".join(w[74:])
+        tables += 1
+        if any(not ({(r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)} & lit) for r, c in lit):
+            isolated += 1
+        q = query.split()
+        if q[-1] == "on":
+            kinds["lit " + ("image" if img is not None else "text")] += 1
+            assert len(q) == 2
+            want = [q[0], "is"] + [_name(n) for n in _grid_neighbours(q[0]) if n in lit]
+            assert gpt.split() == want
+        else:
+            kinds["named " + ("image" if img is not None else "text")] += 1
+            toks = gpt.split()
+            assert 2 <= len(q) <= 6 and len(set(q)) == len(q) and toks[0::3] == q
+            for name, val, onoff in zip(toks[0::3], toks[1::3], toks[2::3]):
+                r, c = "abcdef".index(name[0]), int(name[1]) - 1
+                assert int(val) == table[r][c] and onoff == ("on" if (r, c) in lit else "off")
+    # about 20% / 45% / 35%, and each table drill about half image, half text
+    assert 80 < kinds["adjacent"] < 160
+    for k in ("lit", "named"):
+        im, tx = kinds[f"{k} image"], kinds[f"{k} text"]
+        assert im + tx > 150 and abs(im - tx) < 0.25 * (im + tx), kinds
+    assert isolated > tables // 2  # random highlighted sets, not paths
+    assert [x[:2] for x in T.spatial_examples(30, seed=5)] == [x[:2] for x in T.spatial_examples(30, seed=5)]
+
+
 # --- a short run -----------------------------------------------------------------------------------
 
 

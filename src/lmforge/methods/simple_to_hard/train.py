@@ -17,11 +17,13 @@ both).
 # following faster at 1e-3 (the reproduction's ``FINETUNE_LR`` NOTE has the numbers), so the
 # reproduction and ``lmforge train s2h`` pass lr 1e-3 and this default stays the pretraining lr.
 
-Pretraining (:func:`pretraining_examples`) covers only generic skills, so it does not decide which
-supervision strategy wins: reading one cell (its digit and whether it is highlighted) from the image
-and from the text table, and adding a digit to a number. Checked for reuse: transformers' ``Trainer``
-would work but costs more per step than the loop itself at this size, and the alignment probe needs
-the model between steps.
+Pretraining covers only generic skills, equal in the two modalities, so it does not decide which
+supervision strategy wins: phase 1 (:func:`pretraining_examples`) reading one cell (its digit and
+whether it is highlighted) from the image and from the text table, and adding a digit to a number;
+phase 2 (:func:`spatial_examples`, ``base.py`` NOTE) the grid neighbours of a named cell, which of
+them are highlighted, and reading cells named in the prompt, on random highlighted sets (no paths).
+Checked for reuse: transformers' ``Trainer`` would work but costs more per step than the loop itself
+at this size, and the alignment probe needs the model between steps.
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ def train(model, tok, examples: list[Example], epochs: float, cfg: TrainConfig,
 
 # --- pretraining on generic skills ---------------------------------------------------------------
 
-def pretraining_examples(n: int, seed: int, reads: tuple[int, int] = (4, 12)) -> list[Example]:
+def pretraining_examples(n: int, seed: int, reads: tuple[int, int] = (4, 12), add_share: float = 0.2) -> list[Example]:
     """Generic skills only: read cells of a table (image or text), add a digit to a number.
 
     A reading drill names ``reads`` random cells in the response, each followed by its digit and
@@ -134,17 +136,65 @@ def pretraining_examples(n: int, seed: int, reads: tuple[int, int] = (4, 12)) ->
     cells = [(r, c) for r in range(mini.N) for c in range(mini.N)]
     for _ in range(n):
         kind = rng.random()
-        if kind < 0.8:
+        if kind < 1 - add_share:
             table = [[rng.randrange(10) for _ in range(mini.N)] for _ in range(mini.N)]
             lit = [(r, c) for r, c in cells if rng.random() < 0.3]
             p = mini.Puzzle(table=table, path=lit)
             asked = rng.sample(cells, rng.randint(*reads))
             ans = " ".join(f"{mini.cell_name(r, c)} {table[r][c]} {'on' if (r, c) in set(lit) else 'off'}" for r, c in asked)
-            if kind < 0.4:
+            if kind < (1 - add_share) / 2:
                 out.append(("<image> image read", ans, mini.render_array(p), True))
             else:
                 out.append((f"{mini.text_table(p)} table read", ans, None, True))
         else:
             a, d = rng.randrange(0, 171), rng.randrange(10)
             out.append((f"add {mini.digits(a)} + {d} =", mini.digits(a + d), None))
+    return out
+
+
+# up, right, down, left: the order every spatial drill lists a cell's neighbours in
+_DIRS = ((-1, 0), (0, 1), (1, 0), (0, -1))
+
+
+def neighbours(r: int, c: int) -> list[tuple[int, int]]:
+    """The 4-neighbours of a cell inside the 6 x 6 grid, up / right / down / left."""
+    return [(r + dr, c + dc) for dr, dc in _DIRS if 0 <= r + dr < mini.N and 0 <= c + dc < mini.N]
+
+
+def spatial_examples(n: int, seed: int, lit_p: float = 0.3) -> list[Example]:
+    """Generic spatial drills (the skills a real LLM backbone brings), equal across the two modalities.
+
+    - ``adjacent`` (text only, no table): ``read d4 to`` -> ``c4 d5 e4 d3``, the grid neighbours of a
+      named cell (what "next to" means for cell names);
+    - ``lit neighbours`` (image or text table, half each): ``... read d4 on`` -> ``d4 is d5 e4``: the
+      named cell, then those of its neighbours that are highlighted;
+    - ``named reads`` (image or text table, half each): ``... read c4 a2 f1`` -> ``c4 5 on a2 3 off
+      f1 7 on``: cells named in the prompt, copied with their digit and highlight (the names carry
+      loss: copying a name from the prompt is the skill).
+    Tables carry a random highlighted set (each cell with probability ``lit_p``), not a path, and
+    nothing is summed: neither path following nor the Table Readout answer is taught.
+    """
+    rng = random.Random(f"s2h-spatial-{seed}")
+    out: list[Example] = []
+    cells = [(r, c) for r in range(mini.N) for c in range(mini.N)]
+    for _ in range(n):
+        kind = rng.random()
+        r, c = rng.choice(cells)
+        name = mini.cell_name(r, c)
+        if kind < 0.2:
+            out.append((f"read {name} to", " ".join(mini.cell_name(*q) for q in neighbours(r, c)), None))
+            continue
+        table = [[rng.randrange(10) for _ in range(mini.N)] for _ in range(mini.N)]
+        lit = {q for q in cells if rng.random() < lit_p}
+        p = mini.Puzzle(table=table, path=sorted(lit))
+        image = rng.random() < 0.5
+        head = "<image> image read" if image else f"{mini.text_table(p)} table read"
+        if kind < 0.65:
+            query = f"{name} on"
+            ans = " ".join([name, "is"] + [mini.cell_name(*q) for q in neighbours(r, c) if q in lit])
+        else:
+            asked = rng.sample(cells, rng.randint(2, 6))
+            query = " ".join(mini.cell_name(*q) for q in asked)
+            ans = " ".join(f"{mini.cell_name(*q)} {table[q[0]][q[1]]} {'on' if q in lit else 'off'}" for q in asked)
+        out.append((f"{head} {query}", ans, mini.render_array(p) if image else None))
     return out
