@@ -55,3 +55,24 @@ def test_committed_base_cannot_do_the_task_before_fine_tuning():
     hs = mini.generate("HARD", 6, 10_000)
     acc, _ = experiment.evaluate(model, tok, {"simple-image": ps, "simple-text": ps, "hard-image": hs})
     assert acc == {"simple-image": 0.0, "simple-text": 0.0, "hard-image": 0.0}
+
+
+def test_build_base_refuses_init_inside_out_and_a_broken_card(tmp_path):
+    init = _tiny_phase1(tmp_path, {"steps": 3000, "batch_size": 32, "lr": 3e-4, "seed": 0})
+    card_before = (init / "vlm.json").read_text()
+    # --init equal to --out (or inside it) would replace the checkpoint it reads
+    for out in (init, init.parent):
+        with pytest.raises(UserError, match="lies in --out"):
+            B.build_base(out, spatial_steps=2, init=init, overwrite=True, progress=False)
+    assert (init / "vlm.json").read_text() == card_before
+    # an --out that is a file is refused before any training
+    f = tmp_path / "afile"
+    f.write_text("x")
+    with pytest.raises(UserError, match="is a file"):
+        B.build_base(f, spatial_steps=2, init=init, overwrite=True, progress=False)
+    # a card that is not JSON, or whose recipe is not a mapping: one UserError, nothing written
+    for text in ("{not json", '{"recipe": [1, 2]}'):
+        (init / "vlm.json").write_text(text)
+        with pytest.raises(UserError, match="not a base VLM card"):
+            B.build_base(tmp_path / "base", spatial_steps=2, init=init, progress=False)
+    assert not (tmp_path / "base").exists() and not (tmp_path / "base.tmp").exists()
