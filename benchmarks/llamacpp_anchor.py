@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -86,6 +87,16 @@ def torch_decode(model, ids: torch.Tensor, new_tokens: int) -> tuple[list[int], 
     return toks, t1 - t0, time.perf_counter() - t1
 
 
+def _prefix(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of two token lists."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--llama-python", required=True, help="a Python with llama-cpp-python installed")
@@ -93,15 +104,23 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--llama-env", action="append", default=None, metavar="KEY=VALUE",
-                        help="set (KEY=VALUE) or unset (KEY=) a variable for the llama.cpp worker only. Default: "
-                             "OMP_WAIT_POLICY= (unset: llama.cpp's ggml threads are OpenMP threads and would "
-                             "otherwise inherit lmforge's PASSIVE, which a llama.cpp user does not set)")
+    parser.add_argument("--llama-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="set (KEY=VALUE) or unset (KEY=) a variable for the llama.cpp worker only, on top of "
+                             "the default OMP_WAIT_POLICY= (unset: llama.cpp's ggml threads are OpenMP threads and "
+                             "would otherwise inherit lmforge's PASSIVE, which a llama.cpp user does not set)")
     parser.add_argument("--no-packed", action="store_true",
                         help="skip lmforge's packed models on its compiled kernel (dense rows and llama.cpp only)")
     args = parser.parse_args(argv)
-    if args.llama_env is None:
-        args.llama_env = ["OMP_WAIT_POLICY="]
+    llama_env: dict[str, str | None] = {"OMP_WAIT_POLICY": None}
+    for kv in args.llama_env:
+        key, _, val = kv.partition("=")
+        llama_env[key] = val or None
+    if not args.no_packed:
+        from lmforge.common import lut_kernel
+
+        if not lut_kernel.available():
+            raise SystemExit(f"the compiled kernel is unavailable ({lut_kernel.unavailable_reason()}); "
+                             "rerun with --no-packed")
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)
 
@@ -117,15 +136,12 @@ def main(argv: list[str] | None = None) -> dict:
                                   add_generation_prompt=True, tokenize=True, return_dict=False)
     ids_t = torch.tensor([ids])
 
-    import os
-
     worker_env = dict(os.environ)
-    for kv in args.llama_env:
-        key, _, val = kv.partition("=")
-        if val:
-            worker_env[key] = val
-        else:
+    for key, val in llama_env.items():
+        if val is None:
             worker_env.pop(key, None)
+        else:
+            worker_env[key] = val
     worker = subprocess.Popen([args.llama_python, "-c", LLAMA_WORKER, str(gguf), str(args.threads),
                                str(args.new_tokens)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                               env=worker_env)
@@ -142,27 +158,26 @@ def main(argv: list[str] | None = None) -> dict:
     paths = {"lmforge_dense_fp32": lambda: torch_decode(model, ids_t, args.new_tokens),
              "lmforge_dense_bf16": lambda: torch_decode(bf16, ids_t, args.new_tokens),
              "llamacpp_q4_1_gguf": llama_run}
+    own_path_tokens: dict[str, list[int]] = {}
     if not args.no_packed:
         # lmforge's packed models on its compiled kernel (as int4_matmul.py's decode part): RTN-4 g64 of
         # the dense model (computing in float32, and a bfloat16 model), and 3-bit per-row codebooks.
         from int4_matmul import GROUP, _codebook_grid, packed_copy
-        from lmforge.common import lut_kernel
         from lmforge.common.qlinear import set_kernel
         from lmforge.common.quant import quantize_rtn
 
-        if not lut_kernel.available():
-            raise SystemExit(f"the compiled kernel is unavailable ({lut_kernel.unavailable_reason()}); "
-                             "rerun with --no-packed")
         rtn4 = packed_copy(model, lambda w: quantize_rtn(w, 4, GROUP, sym=False))
         rtn4_bf16 = copy.deepcopy(rtn4).to(torch.bfloat16)
         cb3 = packed_copy(model, lambda w: _codebook_grid(w, 3))
-        for m in (rtn4, rtn4_bf16, cb3):
+        packed = {f"lmforge_rtn4_g{GROUP}_compiled_fp32": rtn4, f"lmforge_rtn4_g{GROUP}_compiled_bf16": rtn4_bf16,
+                  "lmforge_codebook3_compiled_fp32": cb3}
+        for name, m in packed.items():
+            # A quantized model may leave the dense model's tokens; its own PyTorch path (untimed) is
+            # the reference the compiled kernel must match.
+            set_kernel(m, "dequant")
+            own_path_tokens[name] = torch_decode(m, ids_t, args.new_tokens)[0]
             set_kernel(m, "native")
-        paths.update({
-            f"lmforge_rtn4_g{GROUP}_compiled_fp32": lambda: torch_decode(rtn4, ids_t, args.new_tokens),
-            f"lmforge_rtn4_g{GROUP}_compiled_bf16": lambda: torch_decode(rtn4_bf16, ids_t, args.new_tokens),
-            "lmforge_codebook3_compiled_fp32": lambda: torch_decode(cb3, ids_t, args.new_tokens),
-        })
+            paths[name] = lambda m=m: torch_decode(m, ids_t, args.new_tokens)
     for fn in paths.values():  # warm-up
         fn()
     res: dict[str, list[tuple[list[int], float, float]]] = {k: [] for k in paths}
@@ -181,12 +196,15 @@ def main(argv: list[str] | None = None) -> dict:
                      "prefill_tokens_per_s": len(ids) / statistics.median(r[1] for r in rs),
                      "decode_speedup_vs_lmforge_fp32": base / dec,
                      "same_tokens_as_lmforge_fp32": rs[0][0] == ref_tokens,
-                     "tokens_matching_lmforge_fp32": sum(a == b for a, b in zip(rs[0][0], ref_tokens))})
+                     "tokens_matching_lmforge_fp32": sum(a == b for a, b in zip(rs[0][0], ref_tokens)),
+                     "common_prefix_with_lmforge_fp32": _prefix(rs[0][0], ref_tokens),
+                     "same_tokens_as_own_pytorch_path": (rs[0][0] == own_path_tokens[name]
+                                                         if name in own_path_tokens else None)})
     version = subprocess.run([args.llama_python, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
                              capture_output=True, text=True, check=True).stdout.strip()
     result = {"model": "real:smollm2-135m-instruct", "gguf": gguf.name, "llama_cpp_python": version,
               "threads": args.threads,
-              "llama_worker_env": {kv.partition("=")[0]: kv.partition("=")[2] or None for kv in args.llama_env},
+              "llama_worker_env": llama_env,
               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "prompt_tokens": len(ids), "new_tokens": args.new_tokens, "runs": args.runs,
               "packed_models": None if args.no_packed else
               "decoder linears packed (210), tied head dense; codebook3 = per-row min-max grids as codebooks",
@@ -195,7 +213,7 @@ def main(argv: list[str] | None = None) -> dict:
     for r in rows:
         print(f"{r['path']:34s} decode {r['decode_tokens_per_s']:6.1f} tok/s ({r['decode_speedup_vs_lmforge_fp32']:.2f}x "
               f"fp32), prefill {r['prefill_tokens_per_s']:7.1f} tok/s, tokens equal to fp32: "
-              f"{r['tokens_matching_lmforge_fp32']}/{args.new_tokens}")
+              f"{r['tokens_matching_lmforge_fp32']}/{args.new_tokens}, own PyTorch path: {r['same_tokens_as_own_pytorch_path']}")
     return result
 
 
