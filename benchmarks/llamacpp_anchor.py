@@ -89,12 +89,7 @@ def torch_decode(model, ids: torch.Tensor, new_tokens: int) -> tuple[list[int], 
 
 def _prefix(a: list[int], b: list[int]) -> int:
     """Length of the common prefix of two token lists."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def main(argv: list[str] | None = None) -> dict:
