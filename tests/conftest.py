@@ -98,9 +98,9 @@ def _grad_mode_is_restored():
 
 @pytest.fixture(autouse=True)
 def _seeded_rngs():
-    """Every test starts from the same torch, numpy and ``random`` seeds, so its random draws do not
-    depend on which tests ran before it in the process (or on ``-k``/``-x`` selections): a tolerance
-    that holds once holds on every run."""
+    """Every test body starts from the same torch, numpy and ``random`` seeds, so its own random draws
+    do not depend on which tests ran before it in the process (or on ``-k``/``-x`` selections).
+    Module- and session-scoped fixtures draw before this seed; they seed themselves where it matters."""
     import random
 
     import numpy as np
