@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-packed", action="store_true",
                         help="skip lmforge's packed models on its compiled kernel (dense rows and llama.cpp only)")
     args = parser.parse_args(argv)
+    if not Path(args.llama_python).is_file():
+        raise SystemExit(f"--llama-python {args.llama_python} is not a file (a Python with llama-cpp-python)")
     llama_env: dict[str, str | None] = {"OMP_WAIT_POLICY": None}
     for kv in args.llama_env:
         key, _, val = kv.partition("=")
